@@ -1,0 +1,64 @@
+//! Dev-only test kit: real etcd, NATS with JetStream, and a kube-apiserver (with its own
+//! etcd) on loopback, for Infera's integration tests. Nothing here is mocked.
+//!
+//! Tests call [`etcd_endpoint`], [`nats_url`] or [`kube_client`]. When the README's test
+//! command has already started a set of servers it exports their endpoints
+//! ([`ENV_ETCD`], [`ENV_NATS`], [`ENV_KUBECONFIG`]) and the kit reuses them; otherwise the
+//! kit starts its own, once per test binary, on free ports in temp dirs, and waits until
+//! each answers a real call. The binaries come from `testenv/build.sh` (built from Go
+//! modules, cached by version). Child processes die with their parent (`PR_SET_PDEATHSIG`)
+//! so nothing leaks when a test process is killed.
+
+pub mod binaries;
+pub mod etcd;
+pub mod kube_apiserver;
+pub mod nats;
+pub mod process;
+mod ready;
+mod shared;
+
+pub use shared::{
+    ENV_ETCD, ENV_KUBECONFIG, ENV_NATS, etcd_client, etcd_endpoint, kube_client, kubeconfig,
+    nats_client, nats_url, unique_name,
+};
+
+/// Why a test server could not be provided.
+#[derive(Debug, thiserror::Error)]
+pub enum TestEnvError {
+    /// A binary could not be located or built.
+    #[error("locating test binary {name}: {message}")]
+    LocateBinary {
+        /// Binary name.
+        name: &'static str,
+        /// What went wrong and what to do.
+        message: String,
+    },
+    /// A server process could not be spawned.
+    #[error("starting {name}: {source}")]
+    Spawn {
+        /// Server name.
+        name: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A server did not become ready.
+    #[error("{name} did not become ready within {seconds}s: {last_error}\n{log_tail}")]
+    NotReady {
+        /// Server name.
+        name: &'static str,
+        /// How long we waited.
+        seconds: u64,
+        /// The last readiness probe failure.
+        last_error: String,
+        /// The end of the server's log.
+        log_tail: String,
+    },
+    /// Preparing files for a server failed.
+    #[error("preparing {name}: {message}")]
+    Prepare {
+        /// Server name.
+        name: &'static str,
+        /// What went wrong.
+        message: String,
+    },
+}
