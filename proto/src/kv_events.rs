@@ -9,13 +9,16 @@
 //! | [`KvEventLayout::TaggedMap`] | array | `{"type": "BlockStored", ...}` | vLLM 0.25.x, ATOM |
 //! | [`KvEventLayout::MapBatch`] | map | `{"type": "BlockStored", ...}` | vLLM main |
 //!
-//! Array events hold fields in declaration order with trailing defaults omitted; map
-//! events omit default-valued fields. Hashes are ints or bytes. The decoder never guesses:
+//! Array events hold fields in declaration order (msgspec writes them all, but a decoder
+//! must also accept shorter arrays from encoders that drop trailing defaults); map events
+//! omit default-valued fields. Hashes are ints or bytes. The decoder never guesses:
 //! a batch it cannot read is an error the caller must count and log, because a wrong
 //! decoder means an empty view and a silent 0% hit rate.
 
 use rmpv::Value;
 use thiserror::Error;
+
+pub mod encode;
 
 /// The engine's identity for a block: an integer or a byte digest.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -55,6 +58,8 @@ pub struct BlockStored {
     pub medium: Option<String>,
     /// LoRA adapter name; blocks match only within the same adapter.
     pub lora_name: Option<String>,
+    /// Per-block extra hash keys (multimodal ids, LoRA, salt), kept opaque.
+    pub extra_keys: Option<Value>,
     /// KV cache group of a hybrid model.
     pub group_idx: Option<u32>,
     /// Attention kind of the group (`full_attention`, `mamba`, ...).
@@ -230,7 +235,7 @@ fn decode_array_event(fields: &[Value], at: &str) -> Result<KvEvent> {
             lora_id: field(5).map(|v| i64_of(v, at)).transpose()?,
             medium: field(6).map(|v| string(v, at)).transpose()?,
             lora_name: field(7).map(|v| string(v, at)).transpose()?,
-            // Position 8 is extra_keys: multimodal/salt identifiers the router does not use.
+            extra_keys: field(8).cloned(),
             group_idx: field(9).map(|v| u32_of(v, at)).transpose()?,
             kv_cache_spec_kind: field(10).map(|v| string(v, at)).transpose()?,
             kv_cache_spec_sliding_window: field(11).map(|v| u32_of(v, at)).transpose()?,
@@ -270,6 +275,7 @@ fn decode_map_event(entries: &[(Value, Value)], at: &str) -> Result<KvEvent> {
             lora_id: field("lora_id").map(|v| i64_of(v, at)).transpose()?,
             medium: field("medium").map(|v| string(v, at)).transpose()?,
             lora_name: field("lora_name").map(|v| string(v, at)).transpose()?,
+            extra_keys: field("extra_keys").cloned(),
             group_idx: field("group_idx").map(|v| u32_of(v, at)).transpose()?,
             kv_cache_spec_kind: field("kv_cache_spec_kind")
                 .map(|v| string(v, at))
