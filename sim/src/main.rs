@@ -1,0 +1,3 @@
+//! The `infera-sim` command.
+
+fn main() {}
