@@ -301,7 +301,9 @@ impl EngineCore {
             if budget == 0 {
                 break;
             }
-            let Some(req) = self.reqs.get(&id) else { continue };
+            let Some(req) = self.reqs.get(&id) else {
+                continue;
+            };
             let (tokens, phase) = match req.phase {
                 Phase::Decode => (1, Phase::Decode),
                 Phase::Prefill => (
@@ -310,8 +312,14 @@ impl EngineCore {
                 ),
                 _ => continue,
             };
-            let need = (req.computed + tokens).div_ceil(bs).saturating_sub(req.held_blocks());
-            let scheduled: Vec<u64> = decodes.iter().chain(chunks.iter().map(|(c, _)| c)).copied().collect();
+            let need = (req.computed + tokens)
+                .div_ceil(bs)
+                .saturating_sub(req.held_blocks());
+            let scheduled: Vec<u64> = decodes
+                .iter()
+                .chain(chunks.iter().map(|(c, _)| c))
+                .copied()
+                .collect();
             if !self.reserve(id, need, &scheduled) {
                 if self.running.len() == 1 {
                     // Alone and still out of KV: it can never finish.
@@ -330,12 +338,16 @@ impl EngineCore {
 
         // 2. Admit waiting requests in order while budget, seats and KV allow.
         while budget > 0 && self.running.len() < self.cfg.max_num_seqs {
-            let Some(&id) = self.waiting.front() else { break };
+            let Some(&id) = self.waiting.front() else {
+                break;
+            };
             match self.admit(id, now_ms) {
                 Admission::Admitted => {
                     self.waiting.pop_front();
                     self.running.push(id);
-                    let Some(req) = self.reqs.get(&id) else { continue };
+                    let Some(req) = self.reqs.get(&id) else {
+                        continue;
+                    };
                     // Remote KV arrived: its first decode step computes the last prompt
                     // token and samples the first output token.
                     let remote = req.phase == Phase::Decode;
@@ -344,7 +356,9 @@ impl EngineCore {
                     } else {
                         (req.prefill_target() - req.computed).min(budget)
                     };
-                    let need = (req.computed + tokens).div_ceil(bs).saturating_sub(req.held_blocks());
+                    let need = (req.computed + tokens)
+                        .div_ceil(bs)
+                        .saturating_sub(req.held_blocks());
                     // Admission checked that the whole uncached prompt fits.
                     if !self.pool.allocate(need) {
                         break;
@@ -476,7 +490,11 @@ impl EngineCore {
         };
         req.pinned = keys[..matched].to_vec();
         req.computed = matched * bs;
-        req.cached_tokens = if req.emitted == 0 { matched * bs } else { req.cached_tokens };
+        req.cached_tokens = if req.emitted == 0 {
+            matched * bs
+        } else {
+            req.cached_tokens
+        };
         req.admitted_seq = seq;
         if remote {
             req.phase = Phase::Decode;
@@ -494,7 +512,9 @@ impl EngineCore {
 
     /// Computes `n` tokens of `id`; decodes and finished prefills emit a token.
     fn advance(&mut self, id: u64, n: usize, decode: bool, result: &mut StepResult) {
-        let Some(req) = self.reqs.get_mut(&id) else { return };
+        let Some(req) = self.reqs.get_mut(&id) else {
+            return;
+        };
         req.computed += n;
         let emits = if decode {
             true
@@ -508,7 +528,9 @@ impl EngineCore {
         if !emits {
             return;
         }
-        let Some(req) = self.reqs.get_mut(&id) else { return };
+        let Some(req) = self.reqs.get_mut(&id) else {
+            return;
+        };
         let index = req.emitted;
         req.emitted += 1;
         let finished = req.emitted >= req.new.output.len();
@@ -530,7 +552,9 @@ impl EngineCore {
     /// Commits every computed full block not yet cached.
     fn commit_full_blocks(&mut self, id: u64) {
         let bs = self.cfg.block_size;
-        let Some(req) = self.reqs.get(&id) else { return };
+        let Some(req) = self.reqs.get(&id) else {
+            return;
+        };
         let full = req.computed / bs;
         let have = req.pinned.len();
         if full <= have {

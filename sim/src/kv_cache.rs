@@ -94,7 +94,9 @@ impl BlockPool {
 
     /// How many of `keys`, from the start, are cached.
     pub fn match_prefix(&self, keys: &[BlockKey]) -> usize {
-        keys.iter().take_while(|k| self.cached.contains_key(k)).count()
+        keys.iter()
+            .take_while(|k| self.cached.contains_key(k))
+            .count()
     }
 
     /// Pins cached blocks for a request (they must all be cached).
@@ -218,7 +220,11 @@ mod tests {
         pool.release(&[10, 11], 0);
         assert_eq!(pool.used(), 0);
         assert_eq!(pool.available(), 4);
-        assert_eq!(pool.match_prefix(&[10, 11]), 2, "released blocks stay cached");
+        assert_eq!(
+            pool.match_prefix(&[10, 11]),
+            2,
+            "released blocks stay cached"
+        );
     }
 
     #[test]

@@ -125,8 +125,16 @@ mod tests {
     fn prefill_matches_the_calibration_readme() {
         let p = p8b();
         // "a 4,096-token prompt costs ~119 ms cold and ~19 ms with 3,584 tokens cached"
-        assert!(within(p.prefill_ms(4096, 0), 119.0, 0.01), "{}", p.prefill_ms(4096, 0));
-        assert!(within(p.prefill_ms(512, 3584), 19.0, 0.03), "{}", p.prefill_ms(512, 3584));
+        assert!(
+            within(p.prefill_ms(4096, 0), 119.0, 0.01),
+            "{}",
+            p.prefill_ms(4096, 0)
+        );
+        assert!(
+            within(p.prefill_ms(512, 3584), 19.0, 0.03),
+            "{}",
+            p.prefill_ms(512, 3584)
+        );
         // Cold measurements: 2048 / 8192 tokens = 59.6 / 251.5 ms (fitted points).
         assert!(within(p.prefill_ms(2048, 0), 59.6, 0.02));
         assert!(within(p.prefill_ms(8192, 0), 251.5, 0.02));
@@ -139,9 +147,18 @@ mod tests {
     fn decode_matches_measured_points_within_the_fit_error() {
         // The README's "within 11%" is rounded: B256/C1024 is 11.05% under.
         let p = p8b();
-        for (batch, ctx, measured) in [(1, 1024, 4.722), (64, 1024, 7.025), (256, 1024, 15.343), (32, 4096, 8.787), (128, 4096, 21.736)] {
+        for (batch, ctx, measured) in [
+            (1, 1024, 4.722),
+            (64, 1024, 7.025),
+            (256, 1024, 15.343),
+            (32, 4096, 8.787),
+            (128, 4096, 21.736),
+        ] {
             let got = p.decode_step_ms(std::iter::repeat_n(ctx, batch));
-            assert!(within(got, measured, 0.111), "B{batch} C{ctx}: {got} vs {measured}");
+            assert!(
+                within(got, measured, 0.111),
+                "B{batch} C{ctx}: {got} vs {measured}"
+            );
         }
     }
 

@@ -54,7 +54,12 @@ fn inter_token_latency_is_the_decode_formula_at_the_batch_size() {
     for n in [1usize, 8, 32] {
         let mut core = mk_core(10_000);
         let arrivals = (0..n as u64)
-            .map(|i| (0.0, mk_req(i, tokens(i as u32 * 100..i as u32 * 100 + 64), 20)))
+            .map(|i| {
+                (
+                    0.0,
+                    mk_req(i, tokens(i as u32 * 100..i as u32 * 100 + 64), 20),
+                )
+            })
             .collect();
         let (tl, _) = run_virtual(&mut core, arrivals);
         for k in 1..20 {
@@ -63,7 +68,10 @@ fn inter_token_latency_is_the_decode_formula_at_the_batch_size() {
             for i in 0..n as u64 {
                 let t = &tl[&i].token_ms;
                 let itl = t[k] - t[k - 1];
-                assert!((itl - expected).abs() < 1e-9, "n={n} k={k}: {itl} vs {expected}");
+                assert!(
+                    (itl - expected).abs() < 1e-9,
+                    "n={n} k={k}: {itl} vs {expected}"
+                );
             }
         }
     }
@@ -85,7 +93,10 @@ fn a_request_queued_behind_a_long_prefill_waits_for_its_chunks() {
     assert!((steps[0].duration_ms - step1).abs() < 1e-9);
     assert!((steps[1].duration_ms - step2).abs() < 1e-9);
     let ttft = tl[&2].ttft_ms().unwrap();
-    assert!((ttft - (step1 + step2 - 1.0)).abs() < 1e-9, "short TTFT {ttft}");
+    assert!(
+        (ttft - (step1 + step2 - 1.0)).abs() < 1e-9,
+        "short TTFT {ttft}"
+    );
     let alone = profile.prefill_ms(100, 0);
     assert!(ttft > 20.0 * alone, "queued TTFT {ttft} vs alone {alone}");
 }
@@ -95,7 +106,12 @@ fn cache_pressure_evicts_and_reports_removed_blocks() {
     // 40 blocks of 16 tokens: three 256-token prompts (16 blocks each) cannot all stay.
     let mut core = mk_core(40);
     let arrivals = (0..3u32)
-        .map(|i| (i as f64 * 1000.0, mk_req(i as u64, tokens(i * 10_000..i * 10_000 + 256), 2)))
+        .map(|i| {
+            (
+                i as f64 * 1000.0,
+                mk_req(i as u64, tokens(i * 10_000..i * 10_000 + 256), 2),
+            )
+        })
         .collect();
     let (tl, steps) = run_virtual(&mut core, arrivals);
     let removed: usize = steps
@@ -117,7 +133,11 @@ fn stored_events_chain_parents_and_carry_tokens() {
         .iter()
         .flat_map(|s| &s.cache_events)
         .filter_map(|e| match e {
-            PoolEvent::Stored { key, parent, tokens } => Some((*key, *parent, tokens.clone())),
+            PoolEvent::Stored {
+                key,
+                parent,
+                tokens,
+            } => Some((*key, *parent, tokens.clone())),
             PoolEvent::Removed { .. } => None,
         })
         .collect();
@@ -141,10 +161,17 @@ fn remote_kv_waits_for_the_transfer_then_decodes() {
     req.remote_kv = true;
     let (tl, steps) = run_virtual(&mut core, vec![(0.0, req)]);
     let transfer = profile.kv_transfer_ms(4096, 170.0);
-    assert!(steps.iter().all(|s| s.prefill_tokens == 0), "decode worker never prefills");
+    assert!(
+        steps.iter().all(|s| s.prefill_tokens == 0),
+        "decode worker never prefills"
+    );
     let first = profile.decode_step_ms([4096]);
     let ttft = tl[&1].ttft_ms().unwrap();
-    assert!((ttft - (transfer + first)).abs() < 1e-9, "{ttft} vs {}", transfer + first);
+    assert!(
+        (ttft - (transfer + first)).abs() < 1e-9,
+        "{ttft} vs {}",
+        transfer + first
+    );
 }
 
 #[test]

@@ -240,7 +240,10 @@ mod tests {
     use crate::kv_events::decode_kv_event_batch;
 
     fn fixture(name: &str) -> Vec<u8> {
-        let path = format!("{}/testdata/kv_events/{name}.msgpack", env!("CARGO_MANIFEST_DIR"));
+        let path = format!(
+            "{}/testdata/kv_events/{name}.msgpack",
+            env!("CARGO_MANIFEST_DIR")
+        );
         std::fs::read(path).unwrap()
     }
 
@@ -284,6 +287,10 @@ mod tests {
             assert_eq!(back, batch, "{format:?}");
         }
         let sglang = decode_kv_event_batch(&encode_kv_event_batch(&batch, KvEventFormat::Sglang));
-        assert_eq!(sglang.unwrap().data_parallel_rank, None, "SGLang batches carry no rank");
+        assert_eq!(
+            sglang.unwrap().data_parallel_rank,
+            None,
+            "SGLang batches carry no rank"
+        );
     }
 }

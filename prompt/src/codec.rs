@@ -1,0 +1,287 @@
+//! Loading a model's tokenizer and chat template, and encoding prompts with them.
+//!
+//! Chat requests: render the template with `add_generation_prompt=true` and encode the
+//! text without adding special tokens (the template already holds them). Completion
+//! prompts: encode adding the tokenizer's special tokens (e.g. BOS), as vLLM and SGLang
+//! do. Without a tokenizer the built-in byte codec is used: UTF-8 bytes are the token
+//! ids and chat messages are rendered in the ChatML layout, so a local run without model
+//! files still behaves like an engine (prefixes share blocks, counts are stable).
+
+use crate::template::{CHAT_TEMPLATE, build_environment};
+use minijinja::value::Value;
+use serde_json::{Map, Value as Json};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+use tokenizers::Tokenizer;
+
+/// The ChatML layout the byte codec renders chat requests in.
+pub const BYTES_CHAT_TEMPLATE: &str = "{% for message in messages %}<|im_start|>{{ message.role }}\n\
+{% if message.content is string %}{{ message.content }}{% else %}{% for part in message.content %}{{ part.text }}{% endfor %}{% endif %}<|im_end|>\n\
+{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// Why a prompt could not be loaded, rendered or encoded.
+#[derive(Debug, Error)]
+pub enum PromptError {
+    /// The tokenizer file could not be read or parsed.
+    #[error("loading tokenizer {path}: {message}")]
+    LoadTokenizer {
+        /// File that failed.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
+    /// `tokenizer_config.json` could not be read or parsed.
+    #[error("loading {path}: {message}")]
+    LoadConfig {
+        /// File that failed.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
+    /// The chat template does not compile.
+    #[error("compiling the chat template: {0}")]
+    CompileTemplate(String),
+    /// The model has no chat template, so chat requests cannot be served.
+    #[error("the model's tokenizer_config.json has no chat_template")]
+    NoChatTemplate,
+    /// Rendering failed (including the template's own `raise_exception`).
+    #[error("rendering the chat template: {0}")]
+    RenderTemplate(String),
+    /// Tokenization failed.
+    #[error("tokenizing: {0}")]
+    Encode(String),
+}
+
+#[derive(Debug)]
+enum Vocabulary {
+    HuggingFace(Box<Tokenizer>),
+    Bytes,
+}
+
+/// A model's prompt codec: chat template plus tokenizer.
+#[derive(Debug)]
+pub struct PromptCodec {
+    vocabulary: Vocabulary,
+    env: Option<minijinja::Environment<'static>>,
+    special_tokens: Map<String, Json>,
+    source: String,
+}
+
+impl PromptCodec {
+    /// The built-in byte codec (no model files needed).
+    pub fn bytes() -> Self {
+        Self {
+            vocabulary: Vocabulary::Bytes,
+            env: build_environment(BYTES_CHAT_TEMPLATE).ok(),
+            special_tokens: Map::new(),
+            source: "builtin:bytes".into(),
+        }
+    }
+
+    /// Loads `tokenizer.json` and `tokenizer_config.json` (chat template and special
+    /// tokens) from a directory, or just a `tokenizer.json` file (no chat template).
+    pub fn load(path: &Path) -> Result<Self, PromptError> {
+        let (tokenizer_file, config_file) = if path.is_dir() {
+            (
+                path.join("tokenizer.json"),
+                Some(path.join("tokenizer_config.json")),
+            )
+        } else {
+            (path.to_owned(), None)
+        };
+        let tokenizer =
+            Tokenizer::from_file(&tokenizer_file).map_err(|e| PromptError::LoadTokenizer {
+                path: tokenizer_file.clone(),
+                message: e.to_string(),
+            })?;
+        let mut special_tokens = Map::new();
+        let mut env = None;
+        if let Some(config_file) = config_file.filter(|f| f.exists()) {
+            let config = read_config(&config_file)?;
+            for name in ["bos_token", "eos_token", "unk_token", "pad_token"] {
+                if let Some(token) = config.get(name).and_then(token_content) {
+                    special_tokens.insert(name.to_owned(), Json::String(token));
+                }
+            }
+            if let Some(template) = chat_template(&config) {
+                env = Some(
+                    build_environment(&template)
+                        .map_err(|e| PromptError::CompileTemplate(e.to_string()))?,
+                );
+            }
+        }
+        Ok(Self {
+            vocabulary: Vocabulary::HuggingFace(Box::new(tokenizer)),
+            env,
+            special_tokens,
+            source: path.display().to_string(),
+        })
+    }
+
+    /// Where the codec came from (a path, or `builtin:bytes`).
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Whether chat requests can be rendered.
+    pub fn has_chat_template(&self) -> bool {
+        self.env.is_some()
+    }
+
+    /// Renders chat `messages` (and `tools`) as `apply_chat_template(...,
+    /// tokenize=False)` does; `extra` holds `chat_template_kwargs`.
+    pub fn render_chat(
+        &self,
+        messages: &Json,
+        tools: Option<&Json>,
+        add_generation_prompt: bool,
+        extra: &Map<String, Json>,
+    ) -> Result<String, PromptError> {
+        let env = self.env.as_ref().ok_or(PromptError::NoChatTemplate)?;
+        let template = env
+            .get_template(CHAT_TEMPLATE)
+            .map_err(|e| PromptError::RenderTemplate(e.to_string()))?;
+        let mut ctx: Map<String, Json> = self.special_tokens.clone();
+        for (k, v) in extra {
+            ctx.insert(k.clone(), v.clone());
+        }
+        ctx.insert("messages".into(), messages.clone());
+        ctx.insert("tools".into(), tools.cloned().unwrap_or(Json::Null));
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Json::Bool(add_generation_prompt),
+        );
+        template
+            .render(Value::from_serialize(&ctx))
+            .map_err(|e| PromptError::RenderTemplate(render_error_text(&e)))
+    }
+
+    /// Encodes text, adding the tokenizer's special tokens when asked.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, PromptError> {
+        match &self.vocabulary {
+            Vocabulary::Bytes => Ok(text.bytes().map(u32::from).collect()),
+            Vocabulary::HuggingFace(tok) => tok
+                .encode(text, add_special_tokens)
+                .map(|enc| enc.get_ids().to_vec())
+                .map_err(|e| PromptError::Encode(e.to_string())),
+        }
+    }
+
+    /// Decodes ids to text, skipping special tokens.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        match &self.vocabulary {
+            Vocabulary::Bytes => {
+                let bytes: Vec<u8> = ids.iter().filter_map(|i| u8::try_from(*i).ok()).collect();
+                String::from_utf8_lossy(&bytes).into_owned()
+            }
+            Vocabulary::HuggingFace(tok) => tok.decode(ids, true).unwrap_or_default(),
+        }
+    }
+
+    /// The tokens of a chat request body (`messages`, `tools`, `chat_template_kwargs`).
+    pub fn encode_chat(&self, body: &Json) -> Result<Vec<u32>, PromptError> {
+        let messages = body
+            .get("messages")
+            .cloned()
+            .unwrap_or(Json::Array(Vec::new()));
+        let extra = body
+            .get("chat_template_kwargs")
+            .and_then(Json::as_object)
+            .cloned()
+            .unwrap_or_default();
+        let text = self.render_chat(&messages, body.get("tools"), true, &extra)?;
+        self.encode(&text, false)
+    }
+
+    /// The tokens of a completion prompt, special tokens added as engines do.
+    pub fn encode_completion(&self, prompt: &str) -> Result<Vec<u32>, PromptError> {
+        self.encode(prompt, true)
+    }
+}
+
+fn read_config(path: &Path) -> Result<Map<String, Json>, PromptError> {
+    let err = |message: String| PromptError::LoadConfig {
+        path: path.to_owned(),
+        message,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    match serde_json::from_str(&text).map_err(|e| err(e.to_string()))? {
+        Json::Object(map) => Ok(map),
+        _ => Err(err("not a JSON object".into())),
+    }
+}
+
+/// A special token is a string or an AddedToken object with `content`.
+fn token_content(value: &Json) -> Option<String> {
+    match value {
+        Json::String(s) => Some(s.clone()),
+        Json::Object(o) => o.get("content").and_then(Json::as_str).map(str::to_owned),
+        _ => None,
+    }
+}
+
+/// `chat_template` is a string, or a list of `{name, template}` (the `default` one wins).
+fn chat_template(config: &Map<String, Json>) -> Option<String> {
+    match config.get("chat_template")? {
+        Json::String(s) => Some(s.clone()),
+        Json::Array(list) => {
+            let named = |name: &str| {
+                list.iter()
+                    .find(|t| t.get("name").and_then(Json::as_str) == Some(name))
+                    .and_then(|t| t.get("template")?.as_str().map(str::to_owned))
+            };
+            named("default").or_else(|| {
+                list.first()
+                    .and_then(|t| t.get("template")?.as_str().map(str::to_owned))
+            })
+        }
+        _ => None,
+    }
+}
+
+fn render_error_text(e: &minijinja::Error) -> String {
+    match e.detail() {
+        Some(detail) => detail.to_owned(),
+        None => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn byte_codec_renders_chatml_and_shares_prefixes() {
+        let codec = PromptCodec::bytes();
+        let a = json!({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]});
+        let b = json!({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "bye"}]});
+        let ta = codec.encode_chat(&a).unwrap();
+        let tb = codec.encode_chat(&b).unwrap();
+        let text = codec.decode(&ta);
+        assert_eq!(
+            text,
+            "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
+        let common = ta.iter().zip(&tb).take_while(|(x, y)| x == y).count();
+        assert!(common >= "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n".len());
+        assert_eq!(codec.encode_completion("abc").unwrap(), vec![97, 98, 99]);
+    }
+
+    #[test]
+    fn content_parts_render_as_text() {
+        let codec = PromptCodec::bytes();
+        let body = json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]});
+        let text = codec.decode(&codec.encode_chat(&body).unwrap());
+        assert!(text.contains("user\nab<|im_end|>"), "{text}");
+    }
+
+    #[test]
+    fn missing_files_name_the_path() {
+        let err = PromptCodec::load(Path::new("/nonexistent/fixture-tokenizer")).unwrap_err();
+        assert!(
+            err.to_string().contains("/nonexistent/fixture-tokenizer"),
+            "{err}"
+        );
+    }
+}
