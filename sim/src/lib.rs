@@ -6,7 +6,24 @@
 //! - [`kv_cache`]: the paged, prefix-cached KV pool.
 //! - [`core`]: the continuous-batching scheduler with chunked prefill (pure; virtual
 //!   clock in tests).
+//! - [`engine`]: the task that runs the scheduler in scaled real time.
+//! - [`kv_events`]: KV-event batches in each engine's layout, on ZMQ PUB with replay.
+//! - [`openai`], [`api`], [`metrics`]: the HTTP API.
+//! - [`pd`]: prefill/decode roles and the request checks of each connector protocol.
+//! - [`faults`]: injected failures for tests.
+//! - [`worker`]: one worker assembled; [`cli`]: the command line.
 
+pub mod api;
+pub mod cli;
 pub mod core;
+pub mod engine;
+pub mod faults;
+pub mod flavor;
+pub mod generate;
 pub mod kv_cache;
+pub mod kv_events;
+pub mod metrics;
+pub mod openai;
+pub mod pd;
 pub mod profile;
+pub mod worker;

@@ -1,3 +1,57 @@
-//! The `infera-sim` command.
+//! The `infera-sim` command: starts the workers, prints where they listen, and runs
+//! until interrupted.
 
-fn main() {}
+use anyhow::Result;
+use infera_prompt::PromptCodec;
+use infera_sim::cli::parse_lenient;
+use infera_sim::worker::{build_generator, start_worker};
+use std::sync::Arc;
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let (cli, ignored) = match parse_lenient(std::env::args().collect()) {
+        Ok(parsed) => parsed,
+        Err(e) => e.exit(),
+    };
+    for flag in ignored {
+        tracing::warn!("ignoring engine flag the simulator does not model: {flag}");
+    }
+    let configs = cli.worker_configs()?;
+    let codec = Arc::new(match &cli.tokenizer {
+        Some(path) => PromptCodec::load(path)?,
+        None => PromptCodec::bytes(),
+    });
+    let generator = Arc::new(build_generator(&codec));
+    let mut workers = Vec::new();
+    for cfg in configs {
+        let events = cfg.kv_events.as_ref().map(|e| e.endpoint.clone());
+        let worker = start_worker(cfg, codec.clone(), generator.clone()).await?;
+        tracing::info!(
+            "worker {} ({}) listening on http://{}{}",
+            workers.len(),
+            worker.state.flavor.0.as_str(),
+            worker.addr,
+            events
+                .map(|e| format!(", KV events on {e}"))
+                .unwrap_or_default()
+        );
+        workers.push(worker);
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("stopping {} workers", workers.len());
+    for worker in workers {
+        worker.shutdown().await;
+    }
+    Ok(())
+}

@@ -15,6 +15,7 @@ pub mod kube_apiserver;
 pub mod model_files;
 pub mod nats;
 pub mod process;
+pub mod python_tools;
 mod ready;
 mod shared;
 

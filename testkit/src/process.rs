@@ -66,6 +66,16 @@ pub struct ServerProcess {
 impl ServerProcess {
     /// Starts `program args...` with stdout and stderr appended to `log`.
     pub fn start(program: &Path, args: &[String], log: &Path) -> io::Result<Self> {
+        Self::start_with_env(program, args, &[], log)
+    }
+
+    /// Like [`Self::start`], with extra environment variables for the child.
+    pub fn start_with_env(
+        program: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+        log: &Path,
+    ) -> io::Result<Self> {
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -73,6 +83,7 @@ impl ServerProcess {
         let err = out.try_clone()?;
         let mut cmd = Command::new(program);
         cmd.args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err));

@@ -1,0 +1,449 @@
+//! The HTTP API of one simulated worker: the OpenAI endpoints (JSON and SSE), health,
+//! metrics with the engine's own names, the info endpoints routers probe, and the
+//! simulator's fault controls.
+
+use crate::core::NewRequest;
+use crate::engine::{EngineHandle, EngineOutput};
+use crate::faults::{FaultSettings, Faults};
+use crate::flavor::Flavor;
+use crate::generate::OutputGenerator;
+use crate::metrics::render_metrics;
+use crate::openai::{
+    Endpoint, ParsedRequest, PromptInput, Rejection, ResponseMeta, build_chunk, build_response,
+    build_usage, build_usage_chunk, parse_request,
+};
+use crate::pd::{self, PdRole};
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use infera_prompt::PromptCodec;
+use infera_proto::worker::EngineKind;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Everything a worker's handlers share.
+#[derive(Debug)]
+pub struct WorkerState {
+    /// Engine imitated.
+    pub flavor: Flavor,
+    /// Served model name.
+    pub model: String,
+    /// Where the tokenizer came from.
+    pub tokenizer_source: String,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Longest sequence accepted.
+    pub max_model_len: usize,
+    /// `max_tokens` when a request gives none.
+    pub default_max_tokens: usize,
+    /// Prefill/decode role, if disaggregated.
+    pub pd: Option<PdRole>,
+    /// Tensor/data parallel sizes advertised.
+    pub tp_size: u32,
+    /// Data-parallel size advertised.
+    pub dp_size: u32,
+    /// Prompt codec.
+    pub codec: Arc<PromptCodec>,
+    /// Output tokens.
+    pub generator: Arc<OutputGenerator>,
+    /// The engine.
+    pub engine: EngineHandle,
+    /// Injected faults.
+    pub faults: Faults,
+    /// KV cache blocks.
+    pub kv_blocks: usize,
+    /// Step token budget.
+    pub max_num_batched_tokens: usize,
+    /// Most running requests.
+    pub max_num_seqs: usize,
+}
+
+type Shared = Arc<WorkerState>;
+
+/// The worker's router.
+pub fn build_router(state: Shared) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/get_server_info", get(server_info))
+        .route("/server_info", get(server_info))
+        .route("/get_model_info", get(model_info))
+        .route("/model_info", get(model_info))
+        .route("/version", get(version))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .route("/flush_cache", post(reset_prefix_cache))
+        .route("/sim/faults", get(get_faults).post(set_faults))
+        .with_state(state)
+}
+
+fn error_response(state: &WorkerState, r: &Rejection) -> Response {
+    let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let body = state
+        .flavor
+        .error_body(r.status, &r.message, r.param.as_deref());
+    (status, axum::Json(body)).into_response()
+}
+
+async fn chat(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    generate(s, Endpoint::Chat, headers, body).await
+}
+
+async fn completions(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    generate(s, Endpoint::Completions, headers, body).await
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Tokenizes the prompt of a validated request.
+fn prompt_tokens(s: &WorkerState, req: &ParsedRequest) -> Result<Vec<u32>, Rejection> {
+    let tokens = match &req.prompt {
+        PromptInput::Chat => s
+            .codec
+            .encode_chat(&Value::Object(req.body.clone()))
+            .map_err(|e| Rejection::bad(e.to_string(), Some("messages")))?,
+        PromptInput::Text(text) => s
+            .codec
+            .encode_completion(text)
+            .map_err(|e| Rejection::bad(e.to_string(), Some("prompt")))?,
+        PromptInput::Tokens(ids) => ids.clone(),
+    };
+    if tokens.is_empty() {
+        return Err(Rejection::bad(
+            "the prompt encodes to no tokens",
+            Some("prompt"),
+        ));
+    }
+    if tokens.len() + req.max_tokens > s.max_model_len {
+        return Err(Rejection::bad(
+            format!(
+                "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the messages, {} in the completion). Please reduce the length of the messages or completion.",
+                s.max_model_len,
+                tokens.len() + req.max_tokens,
+                tokens.len(),
+                req.max_tokens
+            ),
+            Some("max_tokens"),
+        ));
+    }
+    Ok(tokens)
+}
+
+async fn generate(s: Shared, endpoint: Endpoint, headers: HeaderMap, body: Bytes) -> Response {
+    if s.faults.take_failure() {
+        let r = Rejection {
+            status: 500,
+            message: "injected failure (sim fault: fail_next)".into(),
+            param: None,
+        };
+        return error_response(&s, &r);
+    }
+    if s.faults.hang() {
+        // Never answers; the client's disconnect (or timeout) ends this future.
+        std::future::pending::<()>().await;
+    }
+    let mut req = match parse_request(endpoint, &body, &s.model, s.default_max_tokens) {
+        Ok(r) => r,
+        Err(r) => return error_response(&s, &r),
+    };
+    let plan = match &s.pd {
+        Some(role) => {
+            let request_id = headers.get("x-request-id").and_then(|v| v.to_str().ok());
+            match pd::validate(role, endpoint, &req.body, request_id) {
+                Ok(plan) => Some(plan),
+                Err(r) => return error_response(&s, &r),
+            }
+        }
+        None => None,
+    };
+    if let Some(n) = plan.as_ref().and_then(|p| p.max_tokens) {
+        req.max_tokens = n;
+    }
+    let prompt = match prompt_tokens(&s, &req) {
+        Ok(p) => p,
+        Err(r) => return error_response(&s, &r),
+    };
+    let seed = req.seed.unwrap_or_else(|| {
+        let bytes: Vec<u8> = prompt.iter().flat_map(|t| t.to_le_bytes()).collect();
+        xxh3_64(&bytes)
+    });
+    let id = s.engine.next_id();
+    let new = NewRequest {
+        id,
+        prompt: prompt.clone(),
+        output: s.generator.generate(seed, req.max_tokens),
+        lora: None,
+        remote_kv: plan.as_ref().is_some_and(|p| p.remote_kv),
+    };
+    let Some(rx) = s.engine.submit(new) else {
+        let r = Rejection {
+            status: 503,
+            message: "engine stopped".into(),
+            param: None,
+        };
+        return error_response(&s, &r);
+    };
+    let meta = ResponseMeta {
+        id: match endpoint {
+            Endpoint::Chat => format!("chatcmpl-sim-{id}"),
+            Endpoint::Completions => format!("cmpl-sim-{id}"),
+        },
+        created: unix_now(),
+        model: s.model.clone(),
+        endpoint,
+    };
+    if req.stream {
+        stream_response(s, meta, req, prompt.len(), rx)
+    } else {
+        json_response(s, meta, req, prompt.len(), rx).await
+    }
+}
+
+async fn json_response(
+    s: Shared,
+    meta: ResponseMeta,
+    req: ParsedRequest,
+    prompt_len: usize,
+    mut rx: mpsc::UnboundedReceiver<EngineOutput>,
+) -> Response {
+    let mut ids = Vec::with_capacity(req.max_tokens);
+    let mut cached = 0;
+    while let Some(out) = rx.recv().await {
+        match out {
+            EngineOutput::Token(t) => {
+                ids.push(t.token);
+                cached = t.cached_tokens;
+                if t.finished {
+                    break;
+                }
+            }
+            EngineOutput::Rejected(message) => {
+                return error_response(
+                    &s,
+                    &Rejection {
+                        status: 400,
+                        message,
+                        param: None,
+                    },
+                );
+            }
+        }
+    }
+    let text = s.codec.decode(&ids);
+    let kv_params = s.pd.as_ref().and_then(|role| {
+        pd::prefill_response_params(
+            role,
+            &req.body,
+            prompt_len,
+            s.block_size,
+            ids.first().copied().unwrap_or(0),
+        )
+    });
+    let usage = build_usage(prompt_len, ids.len(), cached);
+    axum::Json(build_response(&meta, &text, "length", usage, kv_params)).into_response()
+}
+
+struct StreamState {
+    s: Shared,
+    meta: ResponseMeta,
+    rx: mpsc::UnboundedReceiver<EngineOutput>,
+    ids: Vec<u32>,
+    prompt_len: usize,
+    include_usage: bool,
+    fail_after: Option<u64>,
+    done: bool,
+    cached: usize,
+}
+
+fn sse(value: &Value) -> Bytes {
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
+/// The text a token adds, decoded against the few tokens before it so multi-byte
+/// characters split across tokens come out whole.
+fn text_delta(codec: &PromptCodec, ids: &[u32]) -> String {
+    let n = ids.len();
+    let start = n.saturating_sub(6);
+    let before = codec.decode(&ids[start..n - 1]);
+    let after = codec.decode(&ids[start..n]);
+    match after.strip_prefix(&before) {
+        Some(delta) => delta.to_owned(),
+        None => after,
+    }
+}
+
+fn stream_response(
+    s: Shared,
+    meta: ResponseMeta,
+    req: ParsedRequest,
+    prompt_len: usize,
+    rx: mpsc::UnboundedReceiver<EngineOutput>,
+) -> Response {
+    let fail_after = s.faults.fail_after_tokens();
+    let state = StreamState {
+        s,
+        meta,
+        rx,
+        ids: Vec::new(),
+        prompt_len,
+        include_usage: req.include_usage,
+        fail_after,
+        done: false,
+        cached: 0,
+    };
+    let stream = futures::stream::unfold(state, |mut st| async move {
+        if st.done {
+            return None;
+        }
+        match st.rx.recv().await {
+            Some(EngineOutput::Token(t)) => {
+                if st.fail_after.is_some_and(|k| st.ids.len() as u64 >= k) {
+                    // Injected mid-stream failure: the connection breaks, as when an
+                    // engine process dies.
+                    st.done = true;
+                    return Some((
+                        Err(std::io::Error::other("injected mid-stream failure")),
+                        st,
+                    ));
+                }
+                st.ids.push(t.token);
+                st.cached = t.cached_tokens;
+                let text = text_delta(&st.s.codec, &st.ids);
+                let finish = t.finished.then_some("length");
+                let mut out =
+                    sse(&build_chunk(&st.meta, &text, st.ids.len() == 1, finish)).to_vec();
+                if t.finished {
+                    if st.include_usage {
+                        let usage = build_usage(st.prompt_len, st.ids.len(), st.cached);
+                        out.extend_from_slice(&sse(&build_usage_chunk(&st.meta, usage)));
+                    }
+                    out.extend_from_slice(b"data: [DONE]\n\n");
+                    st.done = true;
+                }
+                Some((Ok(Bytes::from(out)), st))
+            }
+            Some(EngineOutput::Rejected(message)) => {
+                st.done = true;
+                let body = st.s.flavor.error_body(400, &message, None);
+                Some((Ok(sse(&body)), st))
+            }
+            None => None,
+        }
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+async fn models(State(s): State<Shared>) -> Response {
+    let owner = s.flavor.0.as_str();
+    axum::Json(json!({"object": "list", "data": [{
+        "id": s.model, "object": "model", "created": unix_now(), "owned_by": owner,
+        "root": s.model, "parent": null, "max_model_len": s.max_model_len,
+    }]}))
+    .into_response()
+}
+
+async fn health(State(s): State<Shared>) -> Response {
+    if s.faults.unhealthy() {
+        StatusCode::SERVICE_UNAVAILABLE.into_response()
+    } else {
+        StatusCode::OK.into_response()
+    }
+}
+
+async fn metrics(State(s): State<Shared>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        render_metrics(&s),
+    )
+        .into_response()
+}
+
+async fn server_info(State(s): State<Shared>) -> Response {
+    let disaggregation_mode = match s.pd.as_ref().map(|r| r.leg) {
+        None => "null",
+        Some(pd::PdLeg::Prefill) => "prefill",
+        Some(pd::PdLeg::Decode) => "decode",
+    };
+    axum::Json(json!({
+        "model_path": s.model,
+        "served_model_name": s.model,
+        "tokenizer_path": s.tokenizer_source,
+        "page_size": s.block_size,
+        "tp_size": s.tp_size,
+        "dp_size": s.dp_size,
+        "context_length": s.max_model_len,
+        "chunked_prefill_size": s.max_num_batched_tokens,
+        "max_running_requests": s.max_num_seqs,
+        "max_total_num_tokens": s.kv_blocks * s.block_size,
+        "disaggregation_mode": disaggregation_mode,
+        "engine": s.flavor.0.as_str(),
+        "version": format!("infera-sim {}", env!("CARGO_PKG_VERSION")),
+    }))
+    .into_response()
+}
+
+async fn model_info(State(s): State<Shared>) -> Response {
+    axum::Json(json!({
+        "model_path": s.model,
+        "served_model_name": s.model,
+        "tokenizer_path": s.tokenizer_source,
+        "is_generation": true,
+    }))
+    .into_response()
+}
+
+async fn version(State(s): State<Shared>) -> Response {
+    let engine_version = match s.flavor.0 {
+        EngineKind::Vllm => "0.25.1",
+        EngineKind::Sglang => "0.5.17",
+        EngineKind::Atom => "0.1.4",
+    };
+    axum::Json(json!({"version": engine_version, "simulator": env!("CARGO_PKG_VERSION")}))
+        .into_response()
+}
+
+async fn reset_prefix_cache(State(s): State<Shared>) -> Response {
+    if s.engine.reset_prefix_cache() {
+        StatusCode::OK.into_response()
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE.into_response()
+    }
+}
+
+async fn get_faults(State(s): State<Shared>) -> Response {
+    axum::Json(s.faults.get()).into_response()
+}
+
+async fn set_faults(State(s): State<Shared>, body: Bytes) -> Response {
+    match serde_json::from_slice::<FaultSettings>(&body) {
+        Ok(settings) => {
+            s.faults.set(&settings);
+            axum::Json(s.faults.get()).into_response()
+        }
+        Err(e) => (
+            StatusCode::BAD_REQUEST,
+            axum::Json(json!({"error": format!("fault settings: {e}")})),
+        )
+            .into_response(),
+    }
+}
