@@ -396,6 +396,7 @@ async fn server_info(State(s): State<Shared>) -> Response {
         "max_running_requests": s.max_num_seqs,
         "max_total_num_tokens": s.kv_blocks * s.block_size,
         "disaggregation_mode": disaggregation_mode,
+        "disagg_meta": s.pd.as_ref().map(pd::build_disagg_meta),
         "engine": s.flavor.0.as_str(),
         "version": format!("infera-sim {}", env!("CARGO_PKG_VERSION")),
     }))

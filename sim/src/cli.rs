@@ -5,6 +5,7 @@
 //! as a real engine; other engine flags are ignored with a warning.
 
 use crate::core::CoreConfig;
+use crate::engine::Timing;
 use crate::faults::FaultSettings;
 use crate::kv_events::KvEventsEndpoint;
 use crate::pd::{PdLeg, PdProtocol, PdRole};
@@ -120,6 +121,14 @@ pub struct Cli {
     #[arg(long, default_value_t = 1.0)]
     pub speedup: f64,
 
+    /// Make each step last 1 ± F times its modelled duration (0 = exact, the default).
+    #[arg(long, default_value_t = 0.0)]
+    pub jitter: f64,
+
+    /// Seed for jitter (output tokens are seeded by the request's `seed` or its prompt).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
     /// `max_tokens` for requests that give none.
     #[arg(long, default_value_t = 64)]
     pub default_max_tokens: usize,
@@ -141,6 +150,10 @@ pub struct Cli {
     /// SGLang prefill/decode role (`null`, `prefill`, `decode`): protocol sglang-bootstrap.
     #[arg(long)]
     pub disaggregation_mode: Option<String>,
+
+    /// SGLang bootstrap port (advertised in disagg_meta.bootstrap_addr).
+    #[arg(long, default_value_t = 8998)]
+    pub disaggregation_bootstrap_port: u16,
 
     /// SGLang KV transfer backend (mooncake or mori); the protocol stays sglang-bootstrap.
     #[arg(long)]
@@ -347,6 +360,8 @@ impl Cli {
             notify_port,
             tp_size: self.tensor_parallel_size,
             dp_size: self.data_parallel_size,
+            bootstrap_port: self.disaggregation_bootstrap_port,
+            engine_id: format!("sim-{addr}"),
         };
         if let Some(mode) = &self.disaggregation_mode {
             let leg = match mode.as_str() {
@@ -457,7 +472,11 @@ impl Cli {
                     engine: self.engine_kind(),
                     model: model.clone(),
                     core: core.clone(),
-                    speedup: self.speedup,
+                    timing: Timing {
+                        speedup: self.speedup,
+                        jitter: self.jitter,
+                        seed: self.seed,
+                    },
                     event_format: self.event_format(),
                     kv_events: self.kv_events(i, addr.ip())?,
                     dp_rank: None,

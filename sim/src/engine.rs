@@ -82,11 +82,54 @@ impl EngineHandle {
     }
 }
 
-/// Starts the engine task. Simulated time runs `speedup` times faster than real time.
-/// Cache events are converted and sent to `events` when given.
+/// How simulated time maps to real time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timing {
+    /// Simulated time runs this many times faster than real time.
+    pub speedup: f64,
+    /// Each step lasts `1 ± jitter` times its modelled duration (0: exact).
+    pub jitter: f64,
+    /// Seed of the jitter sequence.
+    pub seed: u64,
+}
+
+impl Timing {
+    /// Exact timing at `speedup`.
+    pub fn exact(speedup: f64) -> Self {
+        Self {
+            speedup,
+            jitter: 0.0,
+            seed: 0,
+        }
+    }
+}
+
+/// A seeded stream of factors in `[1 - jitter, 1 + jitter]` (splitmix64).
+#[derive(Debug, Clone)]
+struct Jitter {
+    amount: f64,
+    state: u64,
+}
+
+impl Jitter {
+    fn next_factor(&mut self) -> f64 {
+        if self.amount == 0.0 {
+            return 1.0;
+        }
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        let unit = (z >> 11) as f64 / (1u64 << 53) as f64;
+        1.0 + self.amount * (2.0 * unit - 1.0)
+    }
+}
+
+/// Starts the engine task. Cache events are converted and sent to `events` when given.
 pub fn spawn_engine(
     core: EngineCore,
-    speedup: f64,
+    timing: Timing,
     events: Option<(KvEventConverter, mpsc::UnboundedSender<KvEventBatch>)>,
 ) -> (EngineHandle, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::unbounded_channel();
@@ -96,17 +139,26 @@ pub fn spawn_engine(
         counters: counters.clone(),
         next_id: Arc::new(AtomicU64::new(1)),
     };
-    let task = tokio::spawn(run_engine(core, speedup.max(1e-6), rx, counters, events));
+    let timing = Timing {
+        speedup: timing.speedup.max(1e-6),
+        ..timing
+    };
+    let task = tokio::spawn(run_engine(core, timing, rx, counters, events));
     (handle, task)
 }
 
 async fn run_engine(
     mut core: EngineCore,
-    speedup: f64,
+    timing: Timing,
     mut rx: mpsc::UnboundedReceiver<EngineCommand>,
     counters: Arc<EngineCounters>,
     mut events: Option<(KvEventConverter, mpsc::UnboundedSender<KvEventBatch>)>,
 ) {
+    let speedup = timing.speedup;
+    let mut jitter = Jitter {
+        amount: timing.jitter.clamp(0.0, 0.99),
+        state: timing.seed,
+    };
     let start = Instant::now();
     let sim_now = || start.elapsed().as_secs_f64() * 1000.0 * speedup;
     let mut outputs: HashMap<u64, mpsc::UnboundedSender<EngineOutput>> = HashMap::new();
@@ -134,7 +186,8 @@ async fn run_engine(
         let now = sim_now();
         match core.step(now) {
             Some(step) => {
-                let real = Duration::from_secs_f64(step.duration_ms / 1000.0 / speedup);
+                let ms = step.duration_ms * jitter.next_factor();
+                let real = Duration::from_secs_f64(ms / 1000.0 / speedup);
                 tokio::time::sleep(real).await;
                 for id in &step.rejected {
                     if let Some(tx) = outputs.remove(id) {
@@ -220,5 +273,34 @@ fn publish(
     }
     if let Some((converter, tx)) = events {
         let _ = tx.send(converter.convert(cache_events));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_is_off_by_default_and_bounded_and_seeded() {
+        let mut off = Jitter {
+            amount: 0.0,
+            state: 1,
+        };
+        assert_eq!(off.next_factor(), 1.0);
+        let mut a = Jitter {
+            amount: 0.1,
+            state: 7,
+        };
+        let mut b = Jitter {
+            amount: 0.1,
+            state: 7,
+        };
+        let xs: Vec<f64> = (0..1000).map(|_| a.next_factor()).collect();
+        assert!(xs.iter().all(|x| (0.9..=1.1).contains(x)));
+        assert!(xs.iter().any(|x| *x < 0.95) && xs.iter().any(|x| *x > 1.05));
+        assert_eq!(
+            xs[..5],
+            (0..5).map(|_| b.next_factor()).collect::<Vec<_>>()[..]
+        );
     }
 }

@@ -108,6 +108,48 @@ pub struct PdRole {
     pub tp_size: u32,
     /// Data-parallel size.
     pub dp_size: u32,
+    /// SGLang bootstrap port / vLLM Mooncake bootstrap port.
+    pub bootstrap_port: u16,
+    /// Connector engine id (vLLM `kv_transfer_config.engine_id`).
+    pub engine_id: String,
+}
+
+/// The `disagg_meta` a launcher registers for a worker in this role (the parameters
+/// listed in `proto/testdata/pd/*.json` as `prefill_record_params`).
+pub fn build_disagg_meta(role: &PdRole) -> Value {
+    let params = match role.protocol {
+        PdProtocol::SglangBootstrap => match role.leg {
+            PdLeg::Prefill => {
+                json!({"bootstrap_addr": format!("{}:{}", role.host, role.bootstrap_port)})
+            }
+            PdLeg::Decode => json!({}),
+        },
+        PdProtocol::VllmMooncake => json!({
+            "engine_id": role.engine_id,
+            "kv_ip": "127.0.0.1",
+            "kv_port": 14579,
+            "kv_connector_extra_config": {},
+            "bootstrap_addr": format!("http://{}:{}", role.host, role.bootstrap_port),
+        }),
+        PdProtocol::VllmMoriWrite | PdProtocol::VllmMoriRead => json!({
+            "engine_id": role.engine_id,
+            "kv_ip": "127.0.0.1",
+            "kv_port": 14579,
+            "kv_connector_extra_config": {
+                "handshake_port": role.handshake_port,
+                "notify_port": role.notify_port,
+                "tp_size": role.tp_size,
+            },
+        }),
+        PdProtocol::AtomMooncake => json!({
+            "host": role.host,
+            "http_port": role.http_port,
+            "handshake_port": role.handshake_port,
+            "tp_size": role.tp_size,
+            "dp_size": role.dp_size,
+        }),
+    };
+    json!({"protocol": role.protocol.as_str(), "params": params})
 }
 
 /// What a validated PD request means for the engine.
@@ -406,6 +448,40 @@ mod tests {
             &good.replace("notify:61005___", "notify:x___")
         ));
         assert!(!is_mori_request_id(&good.replace("5f60", "5F60")));
+    }
+
+    #[test]
+    fn disagg_meta_has_the_fixture_record_keys() {
+        for protocol in PdProtocol::ALL {
+            let path = format!(
+                "{}/../proto/testdata/pd/{}.json",
+                env!("CARGO_MANIFEST_DIR"),
+                protocol.as_str()
+            );
+            let fixture: Value =
+                serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+            let role = PdRole {
+                leg: PdLeg::Prefill,
+                protocol,
+                host: "10.0.0.22".into(),
+                http_port: 30001,
+                handshake_port: 6301,
+                notify_port: 61005,
+                tp_size: 8,
+                dp_size: 1,
+                bootstrap_port: 8998,
+                engine_id: "eng-42".into(),
+            };
+            let meta = build_disagg_meta(&role);
+            assert_eq!(meta["protocol"], protocol.as_str());
+            let want: Vec<&String> = fixture["prefill_record_params"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .collect();
+            let got: Vec<&String> = meta["params"].as_object().unwrap().keys().collect();
+            assert_eq!(got, want, "{protocol}");
+        }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use crate::api::{WorkerState, build_router};
 use crate::core::{CoreConfig, EngineCore};
-use crate::engine::spawn_engine;
+use crate::engine::{Timing, spawn_engine};
 use crate::faults::{FaultSettings, Faults};
 use crate::flavor::Flavor;
 use crate::generate::{OUTPUT_TEXT, OutputGenerator};
@@ -31,8 +31,8 @@ pub struct WorkerConfig {
     pub model: String,
     /// Scheduler, cache and timing.
     pub core: CoreConfig,
-    /// Simulated time runs this many times faster than real time.
-    pub speedup: f64,
+    /// Simulated versus real time, and jitter.
+    pub timing: Timing,
     /// KV-event encoding (the engine's default when `None`).
     pub event_format: Option<KvEventFormat>,
     /// Where to publish KV events (none: not published).
@@ -116,7 +116,7 @@ pub async fn start_worker(
         None => None,
     };
     let core: CoreConfig = cfg.core.clone();
-    let (engine, engine_task) = spawn_engine(EngineCore::new(core.clone()), cfg.speedup, events);
+    let (engine, engine_task) = spawn_engine(EngineCore::new(core.clone()), cfg.timing, events);
     let state = Arc::new(WorkerState {
         flavor,
         model: cfg.model.clone(),

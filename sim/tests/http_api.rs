@@ -179,7 +179,7 @@ async fn bad_requests_get_the_engines_error_shape() {
 #[tokio::test]
 async fn a_client_disconnect_aborts_the_request() {
     let mut cfg = mk_config(EngineKind::Vllm);
-    cfg.speedup = 1.0; // ~5 ms per decode step: 2,000 tokens take ~10 s
+    cfg.timing.speedup = 1.0; // ~5 ms per decode step: 2,000 tokens take ~10 s
     let worker = start(cfg).await;
     let http = reqwest::Client::new();
     let mut body = chat_body("a long answer please", 2000);

@@ -41,6 +41,8 @@ async fn start_role(protocol: PdProtocol, leg: PdLeg) -> RunningWorker {
         notify_port: 61005,
         tp_size: 8,
         dp_size: 1,
+        bootstrap_port: 8998,
+        engine_id: "eng-42".into(),
     });
     start(cfg).await
 }
@@ -82,6 +84,13 @@ async fn every_protocol_accepts_its_legs_and_names_missing_fields() {
         let fx = fixture(protocol);
         for (leg, leg_name) in [(PdLeg::Prefill, "prefill"), (PdLeg::Decode, "decode")] {
             let worker = start_role(protocol, leg).await;
+            let info: Value = reqwest::get(url(&worker, "/get_server_info"))
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            assert_eq!(info["disagg_meta"]["protocol"], protocol.as_str());
             let spec = &fx[leg_name];
             let body = &spec["body"];
             let (status, text) = send(&worker, spec, body, None).await;

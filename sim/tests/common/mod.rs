@@ -5,6 +5,7 @@
 use infera_prompt::PromptCodec;
 use infera_proto::worker::EngineKind;
 use infera_sim::core::CoreConfig;
+use infera_sim::engine::Timing;
 use infera_sim::faults::FaultSettings;
 use infera_sim::profile::LatencyProfile;
 use infera_sim::worker::{RunningWorker, WorkerConfig, build_generator, start_worker};
@@ -25,7 +26,7 @@ pub fn mk_config(engine: EngineKind) -> WorkerConfig {
             profile: LatencyProfile::builtin("h200-llama-3.1-8b").unwrap(),
             kv_transfer_gbytes_per_s: 170.0,
         },
-        speedup: 50.0,
+        timing: Timing::exact(50.0),
         event_format: None,
         kv_events: None,
         dp_rank: None,
