@@ -1,0 +1,335 @@
+//! The gateway's command line: the earlier server's flag names, each with an `INFERA_*`
+//! environment variable (flag > environment > default). Flags of capabilities that are
+//! not built yet are accepted and refused at start with a message saying so.
+
+use crate::breaker::BreakerConfig;
+use crate::policy::PolicyKind;
+use clap::{Parser, ValueEnum};
+use infera_proto::discovery::DEFAULT_ETCD_PREFIX;
+use infera_proto::retention::Retention;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// `--router-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RouterMode {
+    /// Pick workers per request (mixed, or prefill/decode pairs).
+    Auto,
+    /// Honour `x-worker-instance-id` / `x-prefill-instance-id` from an external picker.
+    Direct,
+}
+
+/// `--router-policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PolicyArg {
+    /// Score workers by cached prefix and load.
+    KvAware,
+    /// Rotate.
+    RoundRobin,
+    /// Uniformly at random.
+    Random,
+}
+
+/// `--discovery-backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DiscoveryBackend {
+    /// Watch worker records under an etcd prefix.
+    Etcd,
+    /// Read worker records from Pod annotations.
+    Kubernetes,
+    /// Read worker records from a YAML or JSON file (re-read when it changes).
+    Static,
+}
+
+/// `--kv-event-transport`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KvEventTransport {
+    /// Subscribe to each engine's ZMQ publisher.
+    Zmq,
+    /// Consume the sidecars' NATS JetStream relay.
+    Nats,
+}
+
+/// `--request-transport`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RequestTransportArg {
+    /// HTTP to each worker's URL.
+    Http,
+}
+
+/// `--default-retention`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RetentionArg {
+    /// Do not keep.
+    None,
+    /// Keep only while convenient.
+    Ephemeral,
+    /// Minutes.
+    Short,
+    /// Hours.
+    Long,
+}
+
+impl From<RetentionArg> for Retention {
+    fn from(r: RetentionArg) -> Self {
+        match r {
+            RetentionArg::None => Retention::None,
+            RetentionArg::Ephemeral => Retention::Ephemeral,
+            RetentionArg::Short => Retention::Short,
+            RetentionArg::Long => Retention::Long,
+        }
+    }
+}
+
+/// Infera gateway: serves the OpenAI API (and Anthropic's /v1/messages) and routes each
+/// request to an engine worker discovered in etcd (or a static file).
+#[derive(Debug, Clone, Parser)]
+#[command(name = "infera-gateway", version, about, long_about = None)]
+pub struct GatewayConfig {
+    /// Address to listen on.
+    #[arg(long, env = "INFERA_HOST", default_value = "0.0.0.0")]
+    pub host: String,
+
+    /// Port to listen on.
+    #[arg(long, env = "INFERA_PORT", default_value_t = 8000)]
+    pub port: u16,
+
+    /// auto: pick workers per request; direct: honour worker pins from an external picker.
+    #[arg(long, env = "INFERA_ROUTER_MODE", value_enum, default_value_t = RouterMode::Auto)]
+    pub router_mode: RouterMode,
+
+    /// Load-balancing policy.
+    #[arg(long, env = "INFERA_ROUTER_POLICY", value_enum, default_value_t = PolicyArg::RoundRobin)]
+    pub router_policy: PolicyArg,
+
+    /// Tokenizer for kv-aware routing (a folder with tokenizer.json and tokenizer_config.json).
+    #[arg(long, env = "INFERA_ROUTER_TOKENIZER_PATH")]
+    pub router_tokenizer_path: Option<PathBuf>,
+
+    /// Where worker records come from.
+    #[arg(long, env = "INFERA_DISCOVERY_BACKEND", value_enum, default_value_t = DiscoveryBackend::Etcd)]
+    pub discovery_backend: DiscoveryBackend,
+
+    /// etcd endpoint(s), repeatable or comma-separated.
+    #[arg(
+        long = "etcd-endpoint",
+        env = "INFERA_ETCD_ENDPOINT",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:2379"
+    )]
+    pub etcd_endpoints: Vec<String>,
+
+    /// etcd prefix of worker records.
+    #[arg(long, env = "INFERA_ETCD_PREFIX", default_value = DEFAULT_ETCD_PREFIX)]
+    pub etcd_prefix: String,
+
+    /// File of worker records (a YAML or JSON list) for --discovery-backend static.
+    #[arg(long, env = "INFERA_STATIC_WORKERS")]
+    pub static_workers: Option<PathBuf>,
+
+    /// Label selector of worker Pods (kubernetes discovery).
+    #[arg(long, env = "INFERA_K8S_LABEL_SELECTOR")]
+    pub k8s_label_selector: Option<String>,
+
+    /// Namespace of worker Pods (kubernetes discovery).
+    #[arg(long, env = "INFERA_K8S_NAMESPACE")]
+    pub k8s_namespace: Option<String>,
+
+    /// Where kv-aware routing reads engine KV events from.
+    #[arg(long, env = "INFERA_KV_EVENT_TRANSPORT", value_enum, default_value_t = KvEventTransport::Zmq)]
+    pub kv_event_transport: KvEventTransport,
+
+    /// NATS server URL (NATS KV events).
+    #[arg(long, env = "INFERA_NATS_SERVER")]
+    pub nats_server: Option<String>,
+
+    /// How requests reach workers.
+    #[arg(long, env = "INFERA_REQUEST_TRANSPORT", value_enum, default_value_t = RequestTransportArg::Http)]
+    pub request_transport: RequestTransportArg,
+
+    /// kv-aware weight of uncached blocks against load.
+    #[arg(long, env = "INFERA_KV_OVERLAP_WEIGHT", default_value_t = 1.0)]
+    pub kv_overlap_weight: f64,
+
+    /// kv-aware weight on prefill legs.
+    #[arg(long, env = "INFERA_KV_PREFILL_OVERLAP_WEIGHT", default_value_t = 20.0)]
+    pub kv_prefill_overlap_weight: f64,
+
+    /// kv-aware weight on decode legs.
+    #[arg(long, env = "INFERA_KV_DECODE_OVERLAP_WEIGHT", default_value_t = 2.0)]
+    pub kv_decode_overlap_weight: f64,
+
+    /// Retries on another worker before the first response byte.
+    #[arg(long, env = "INFERA_REQUEST_MAX_RETRIES", default_value_t = 1)]
+    pub request_max_retries: u32,
+
+    /// Consecutive faults that open a worker's circuit breaker.
+    #[arg(long, env = "INFERA_BREAKER_FAILURE_THRESHOLD", default_value_t = 3)]
+    pub breaker_failure_threshold: u32,
+
+    /// First breaker cooldown, seconds.
+    #[arg(long, env = "INFERA_BREAKER_COOLDOWN_S", default_value_t = 5.0)]
+    pub breaker_cooldown_s: f64,
+
+    /// Longest breaker cooldown, seconds.
+    #[arg(long, env = "INFERA_BREAKER_MAX_COOLDOWN_S", default_value_t = 60.0)]
+    pub breaker_max_cooldown_s: f64,
+
+    /// Seconds to wait for a worker's response headers before answering 504.
+    #[arg(long, env = "INFERA_REQUEST_TIMEOUT_S", default_value_t = 600.0)]
+    pub request_timeout_s: f64,
+
+    /// Seconds to wait for a TCP connection to a worker.
+    #[arg(long, env = "INFERA_CONNECT_TIMEOUT_S", default_value_t = 3.0)]
+    pub connect_timeout_s: f64,
+
+    /// Seconds a stream may stay silent before it is ended with an error event.
+    #[arg(long, env = "INFERA_STREAM_IDLE_TIMEOUT_S", default_value_t = 600.0)]
+    pub stream_idle_timeout_s: f64,
+
+    /// Largest request body accepted, bytes.
+    #[arg(long, env = "INFERA_MAX_BODY_BYTES", default_value_t = 8 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// File of accepted bearer tokens, one per line (# comments); unset: no auth.
+    #[arg(long, env = "INFERA_API_KEYS_FILE")]
+    pub api_keys_file: Option<PathBuf>,
+
+    /// Retention forwarded for requests without a cache hint.
+    #[arg(long, env = "INFERA_DEFAULT_RETENTION", value_enum, default_value_t = RetentionArg::Long)]
+    pub default_retention: RetentionArg,
+
+    /// Seconds to let open requests finish on shutdown.
+    #[arg(long, env = "INFERA_SHUTDOWN_GRACE_S", default_value_t = 30.0)]
+    pub shutdown_grace_s: f64,
+}
+
+/// A setting that cannot work (yet), with what to do instead.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl GatewayConfig {
+    /// The policy, or why it is not available.
+    pub fn policy(&self) -> Result<PolicyKind, ConfigError> {
+        match self.router_policy {
+            PolicyArg::RoundRobin => Ok(PolicyKind::RoundRobin),
+            PolicyArg::Random => Ok(PolicyKind::Random),
+            PolicyArg::KvAware => Err(ConfigError(
+                "--router-policy kv-aware is not available yet in this gateway; use round-robin or random".into(),
+            )),
+        }
+    }
+
+    /// Checks flags that depend on each other or on capabilities not built yet.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.policy()?;
+        if self.router_mode == RouterMode::Direct {
+            return Err(ConfigError(
+                "--router-mode direct is not available yet in this gateway; use auto".into(),
+            ));
+        }
+        match self.discovery_backend {
+            DiscoveryBackend::Kubernetes => {
+                return Err(ConfigError(
+                    "--discovery-backend kubernetes is not available yet in this gateway; use etcd or static".into(),
+                ));
+            }
+            DiscoveryBackend::Static if self.static_workers.is_none() => {
+                return Err(ConfigError(
+                    "--discovery-backend static needs --static-workers FILE".into(),
+                ));
+            }
+            _ => {}
+        }
+        if self.etcd_endpoints.iter().all(|e| e.trim().is_empty())
+            && self.discovery_backend == DiscoveryBackend::Etcd
+        {
+            return Err(ConfigError("--etcd-endpoint is empty".into()));
+        }
+        for (name, v) in [
+            ("--breaker-cooldown-s", self.breaker_cooldown_s),
+            ("--breaker-max-cooldown-s", self.breaker_max_cooldown_s),
+            ("--request-timeout-s", self.request_timeout_s),
+            ("--connect-timeout-s", self.connect_timeout_s),
+            ("--stream-idle-timeout-s", self.stream_idle_timeout_s),
+        ] {
+            if v.is_nan() || v <= 0.0 {
+                return Err(ConfigError(format!(
+                    "{name} must be a positive number of seconds (got {v})"
+                )));
+            }
+        }
+        if self.breaker_failure_threshold == 0 {
+            return Err(ConfigError(
+                "--breaker-failure-threshold must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Breaker settings.
+    pub fn breaker(&self) -> BreakerConfig {
+        BreakerConfig {
+            threshold: self.breaker_failure_threshold,
+            cooldown: Duration::from_secs_f64(self.breaker_cooldown_s),
+            max_cooldown: Duration::from_secs_f64(
+                self.breaker_max_cooldown_s.max(self.breaker_cooldown_s),
+            ),
+        }
+    }
+
+    /// A config with every default (for embedding and tests).
+    pub fn defaults() -> Self {
+        Self::parse_from(["infera-gateway"])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_env_which_overrides_defaults() {
+        let cfg = GatewayConfig::try_parse_from([
+            "g",
+            "--etcd-endpoint",
+            "http://a:1,http://b:2",
+            "--etcd-endpoint",
+            "http://c:3",
+        ])
+        .unwrap();
+        assert_eq!(
+            cfg.etcd_endpoints,
+            vec!["http://a:1", "http://b:2", "http://c:3"]
+        );
+        assert_eq!(cfg.port, 8000);
+        assert_eq!(cfg.max_body_bytes, 8 * 1024 * 1024);
+    }
+
+    #[test]
+    fn capabilities_not_built_yet_are_refused_with_a_reason() {
+        let cfg = GatewayConfig::try_parse_from(["g", "--router-policy", "kv-aware"]).unwrap();
+        assert!(
+            cfg.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("not available yet")
+        );
+        let cfg = GatewayConfig::try_parse_from(["g", "--discovery-backend", "static"]).unwrap();
+        assert!(
+            cfg.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("--static-workers")
+        );
+        let cfg = GatewayConfig::try_parse_from(["g", "--request-timeout-s", "0"]).unwrap();
+        assert!(
+            cfg.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("--request-timeout-s")
+        );
+        assert!(GatewayConfig::defaults().validate().is_ok());
+    }
+}

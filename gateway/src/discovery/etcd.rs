@@ -1,0 +1,177 @@
+//! etcd discovery: range over the prefix, then watch from the next revision. PUT adds or
+//! updates a worker, DELETE removes it (its lease expired or it deregistered). A broken
+//! connection reconnects with backoff (1 s doubling to 30 s); a compacted watch
+//! re-syncs at once from a fresh range, so no change is ever missed.
+
+use crate::discovery::decode_record;
+use crate::metrics::Metrics;
+use crate::registry::Registry;
+use etcd_client::{Client, ConnectOptions, EventType, GetOptions, WatchOptions};
+use infera_proto::discovery::{
+    WATCH_BACKOFF_MAX, WATCH_BACKOFF_MIN, normalize_prefix, worker_id_from_key,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Why a sync-and-watch round ended.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdDiscoveryError {
+    /// An etcd call failed.
+    #[error("etcd {action}: {source}")]
+    Call {
+        /// What was being done.
+        action: &'static str,
+        /// The client error.
+        source: etcd_client::Error,
+    },
+    /// The watch's start revision was compacted away.
+    #[error("watch compacted at revision {0}; re-syncing")]
+    Compacted(i64),
+    /// The server ended the watch.
+    #[error("watch ended by the server")]
+    WatchEnded,
+}
+
+/// Runs etcd discovery until `stop` turns true.
+pub async fn run_etcd_discovery(
+    endpoints: Vec<String>,
+    prefix: String,
+    registry: Arc<Registry>,
+    metrics: Arc<Metrics>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let prefix = normalize_prefix(&prefix);
+    let mut backoff = WATCH_BACKOFF_MIN;
+    loop {
+        let options = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(3))
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+        let round = async {
+            let mut client =
+                Client::connect(&endpoints, Some(options))
+                    .await
+                    .map_err(|source| EtcdDiscoveryError::Call {
+                        action: "connect",
+                        source,
+                    })?;
+            sync_and_watch(&mut client, &prefix, &registry, &metrics, &mut backoff).await
+        };
+        let result = tokio::select! {
+            r = round => r,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        match result {
+            Err(EtcdDiscoveryError::Compacted(rev)) => {
+                metrics.record_discovery("resync");
+                tracing::info!(
+                    "etcd watch compacted at revision {rev}; re-syncing from a fresh range"
+                );
+                continue;
+            }
+            Err(e) => {
+                metrics.record_discovery("watch_error");
+                tracing::warn!("etcd discovery at {endpoints:?}: {e}; retrying in {backoff:?}");
+            }
+            Ok(()) => {}
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        backoff = (backoff * 2).min(WATCH_BACKOFF_MAX);
+    }
+}
+
+async fn sync_and_watch(
+    client: &mut Client,
+    prefix: &str,
+    registry: &Registry,
+    metrics: &Metrics,
+    backoff: &mut Duration,
+) -> Result<(), EtcdDiscoveryError> {
+    let resp = client
+        .get(prefix, Some(GetOptions::new().with_prefix()))
+        .await
+        .map_err(|source| EtcdDiscoveryError::Call {
+            action: "range",
+            source,
+        })?;
+    let revision = resp.header().map_or(0, |h| h.revision());
+    let records = resp
+        .kvs()
+        .iter()
+        .filter_map(|kv| {
+            let key = kv.key_str().ok()?;
+            let id = worker_id_from_key(prefix, key)?;
+            decode_record(id, kv.value(), metrics)
+        })
+        .collect::<Vec<_>>();
+    tracing::info!(
+        "etcd discovery synced {} workers at revision {revision}",
+        records.len()
+    );
+    for id in registry.replace_all(records) {
+        tracing::info!(worker = %id, "worker left while the watch was down");
+    }
+    registry.mark_synced();
+    metrics.record_discovery("sync");
+    *backoff = WATCH_BACKOFF_MIN;
+    let mut stream = client
+        .watch(
+            prefix,
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(revision + 1),
+            ),
+        )
+        .await
+        .map_err(|source| EtcdDiscoveryError::Call {
+            action: "watch",
+            source,
+        })?;
+    loop {
+        let msg = stream
+            .message()
+            .await
+            .map_err(|source| EtcdDiscoveryError::Call {
+                action: "watch",
+                source,
+            })?;
+        let Some(msg) = msg else {
+            return Err(EtcdDiscoveryError::WatchEnded);
+        };
+        if msg.compact_revision() > 0 {
+            return Err(EtcdDiscoveryError::Compacted(msg.compact_revision()));
+        }
+        if msg.canceled() {
+            return Err(EtcdDiscoveryError::WatchEnded);
+        }
+        for event in msg.events() {
+            let Some(kv) = event.kv() else { continue };
+            let Some(id) = kv
+                .key_str()
+                .ok()
+                .and_then(|k| worker_id_from_key(prefix, k))
+            else {
+                continue;
+            };
+            match event.event_type() {
+                EventType::Put => {
+                    metrics.record_discovery("put");
+                    if let Some(record) = decode_record(id, kv.value(), metrics) {
+                        let change = registry.upsert(record);
+                        tracing::debug!(worker = id, ?change, "worker record put");
+                    }
+                }
+                EventType::Delete => {
+                    metrics.record_discovery("delete");
+                    if registry.remove(id) {
+                        tracing::info!(worker = id, "worker left routing");
+                    }
+                }
+            }
+        }
+    }
+}

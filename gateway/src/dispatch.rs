@@ -1,0 +1,129 @@
+//! Sending a routed request: pick a target, POST it, and fail over to another worker
+//! while no byte has come back (unreachable, 5xx). Breakers learn from every attempt.
+//! Timeouts answer 504 instead of waiting on a worker forever.
+
+use crate::breaker::Breakers;
+use crate::metrics::Metrics;
+use crate::policy::Policy;
+use crate::registry::Target;
+use crate::router::build_attempt_candidates;
+use bytes::Bytes;
+use infera_proto::error_class::{ApiError, ErrorClass};
+use infera_proto::retention::{Retention, apply_retention};
+use serde_json::{Map, Value};
+use std::time::{Duration, Instant};
+
+/// What the dispatcher needs from the gateway.
+#[derive(Debug)]
+pub struct DispatchContext<'a> {
+    /// HTTP client.
+    pub client: &'a reqwest::Client,
+    /// Breakers.
+    pub breakers: &'a Breakers,
+    /// Policy.
+    pub policy: &'a Policy,
+    /// Metrics.
+    pub metrics: &'a Metrics,
+    /// Retries after the first attempt.
+    pub max_retries: u32,
+    /// Wait for response headers.
+    pub timeout: Duration,
+}
+
+/// A worker's answer, headers received.
+#[derive(Debug)]
+pub struct Dispatched {
+    /// The response (body not yet read).
+    pub response: reqwest::Response,
+    /// Who answered.
+    pub target: Target,
+}
+
+fn url_for(target: &Target, path: &str) -> String {
+    format!("{}{path}", target.record.url.trim_end_matches('/'))
+}
+
+/// The body as `target`'s engine should see it: the retention in its own field.
+fn body_for(target: &Target, body: &Map<String, Value>, retention: Retention) -> Bytes {
+    let mut body = body.clone();
+    apply_retention(&mut body, target.record.engine, retention);
+    Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
+}
+
+/// Sends `body` to `path` on one of `candidates`, failing over before the first byte.
+pub async fn dispatch(
+    ctx: &DispatchContext<'_>,
+    candidates: &[Target],
+    path: &str,
+    body: &Map<String, Value>,
+    retention: Retention,
+    request_id: &str,
+) -> Result<Dispatched, ApiError> {
+    let mut tried: Vec<String> = Vec::new();
+    let mut last_error: Option<ApiError> = None;
+    for _ in 0..=ctx.max_retries {
+        let now = Instant::now();
+        let options = build_attempt_candidates(candidates, &tried, |t| {
+            ctx.breakers.is_available(&t.record.worker_id, now)
+        });
+        let Some(index) = ctx.policy.pick(&options) else {
+            break;
+        };
+        let target = options[index].clone();
+        tried.push(target.key.clone());
+        let worker = target.record.worker_id.clone();
+        ctx.breakers.try_acquire(&worker, now);
+        ctx.metrics.record_pick("mixed", &worker);
+        let mut request = ctx
+            .client
+            .post(url_for(&target, path))
+            .header("content-type", "application/json")
+            .header("x-infera-request-id", request_id)
+            .body(body_for(&target, body, retention));
+        if let Some(rank) = target.dp_rank {
+            request = request.header("x-data-parallel-rank", rank.to_string());
+        }
+        match tokio::time::timeout(ctx.timeout, request.send()).await {
+            Err(_) => {
+                ctx.breakers.on_failure(&worker, Instant::now());
+                return Err(ApiError::new(
+                    ErrorClass::GatewayTimeout,
+                    format!("worker {worker} did not answer within {:?}", ctx.timeout),
+                ));
+            }
+            Ok(Err(e)) => {
+                ctx.breakers.on_failure(&worker, Instant::now());
+                tracing::warn!(worker = %worker, request_id, "worker unreachable: {e}");
+                last_error = Some(ApiError::new(
+                    ErrorClass::BadGateway,
+                    format!("worker {worker} is unreachable: {}", root_cause(&e)),
+                ));
+            }
+            Ok(Ok(response)) if response.status().is_server_error() => {
+                ctx.breakers.on_failure(&worker, Instant::now());
+                tracing::warn!(worker = %worker, request_id, status = %response.status(), "worker answered with a server error");
+                if tried.len() > ctx.max_retries as usize
+                    || build_attempt_candidates(candidates, &tried, |_| true).is_empty()
+                {
+                    return Ok(Dispatched { response, target });
+                }
+            }
+            Ok(Ok(response)) => {
+                if response.status().is_success() {
+                    ctx.breakers.on_success(&worker);
+                }
+                return Ok(Dispatched { response, target });
+            }
+        }
+    }
+    Err(last_error
+        .unwrap_or_else(|| ApiError::new(ErrorClass::ServiceUnavailable, "no worker is available")))
+}
+
+fn root_cause(e: &reqwest::Error) -> String {
+    let mut source: &dyn std::error::Error = e;
+    while let Some(next) = source.source() {
+        source = next;
+    }
+    source.to_string()
+}

@@ -1,0 +1,132 @@
+//! The gateway's shared state and its assembly from a [`GatewayConfig`].
+
+use crate::breaker::Breakers;
+use crate::config::{ConfigError, GatewayConfig};
+use crate::metrics::Metrics;
+use crate::policy::Policy;
+use crate::registry::Registry;
+use infera_proto::retention::Retention;
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Requests in flight per worker (shown in `/v1/workers`).
+#[derive(Debug, Default)]
+pub struct Inflight(Mutex<HashMap<String, u64>>);
+
+impl Inflight {
+    /// One more request on `worker`.
+    pub fn acquire(&self, worker: &str) {
+        if let Ok(mut m) = self.0.lock() {
+            *m.entry(worker.to_owned()).or_default() += 1;
+        }
+    }
+
+    /// One request fewer on `worker`.
+    pub fn release(&self, worker: &str) {
+        if let Ok(mut m) = self.0.lock()
+            && let Some(n) = m.get_mut(worker)
+        {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    /// Requests on `worker`.
+    pub fn get(&self, worker: &str) -> u64 {
+        self.0
+            .lock()
+            .ok()
+            .and_then(|m| m.get(worker).copied())
+            .unwrap_or(0)
+    }
+
+    /// Forgets a removed worker.
+    pub fn remove(&self, worker: &str) {
+        if let Ok(mut m) = self.0.lock() {
+            m.remove(worker);
+        }
+    }
+}
+
+/// Everything the handlers share.
+#[derive(Debug)]
+pub struct Gateway {
+    /// Settings.
+    pub cfg: GatewayConfig,
+    /// Workers.
+    pub registry: Arc<Registry>,
+    /// Breakers.
+    pub breakers: Arc<Breakers>,
+    /// Policy.
+    pub policy: Policy,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Upstream client.
+    pub client: reqwest::Client,
+    /// Accepted bearer tokens (`None`: auth off).
+    pub api_keys: Option<HashSet<String>>,
+    /// Retention for unhinted requests.
+    pub default_retention: Retention,
+    /// In-flight requests per worker.
+    pub inflight: Arc<Inflight>,
+}
+
+/// Reads a keys file: one token per line, blank lines and `#` comments skipped.
+pub fn load_api_keys(path: &Path) -> Result<HashSet<String>, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError(format!("--api-keys-file {}: {e}", path.display())))?;
+    let keys: HashSet<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect();
+    if keys.is_empty() {
+        return Err(ConfigError(format!(
+            "--api-keys-file {} holds no key",
+            path.display()
+        )));
+    }
+    Ok(keys)
+}
+
+impl Gateway {
+    /// Builds the state over `registry` (which discovery, or the caller, feeds).
+    pub fn new(cfg: GatewayConfig, registry: Arc<Registry>) -> Result<Arc<Self>, ConfigError> {
+        cfg.validate()?;
+        let api_keys = cfg
+            .api_keys_file
+            .as_deref()
+            .map(load_api_keys)
+            .transpose()?;
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs_f64(cfg.connect_timeout_s))
+            .pool_idle_timeout(Duration::from_secs(90))
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| ConfigError(format!("building the HTTP client: {e}")))?;
+        let breakers = Arc::new(Breakers::new(cfg.breaker()));
+        let metrics = Arc::new(Metrics::default());
+        let inflight = Arc::new(Inflight::default());
+        {
+            let (b, m, i) = (breakers.clone(), metrics.clone(), inflight.clone());
+            registry.on_remove(move |worker| {
+                b.remove(worker);
+                m.remove_worker(worker);
+                i.remove(worker);
+            });
+        }
+        Ok(Arc::new(Self {
+            policy: Policy::new(cfg.policy()?),
+            default_retention: cfg.default_retention.into(),
+            cfg,
+            registry,
+            breakers,
+            metrics,
+            client,
+            api_keys,
+            inflight,
+        }))
+    }
+}

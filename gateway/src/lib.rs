@@ -1,0 +1,24 @@
+//! `infera-gateway`: the process every client request goes to. It serves the OpenAI API
+//! (and Anthropic's `/v1/messages`), keeps the live set of workers from discovery, and
+//! relays each request to the worker the router picks, failing over before the first
+//! byte and isolating failing workers with circuit breakers.
+//!
+//! Flow: [`api`] validates ([`validate`], [`anthropic`]) -> [`router`] picks the pool
+//! from a [`registry`] snapshot -> [`dispatch`] chooses with a [`policy`] and sends ->
+//! [`relay`] streams the answer back. [`discovery`] feeds the registry; [`metrics`]
+//! and [`breaker`] observe.
+
+pub mod anthropic;
+pub mod api;
+pub mod breaker;
+pub mod config;
+pub mod discovery;
+pub mod dispatch;
+pub mod gateway;
+pub mod metrics;
+pub mod policy;
+pub mod registry;
+pub mod relay;
+pub mod router;
+pub mod server;
+pub mod validate;

@@ -1,0 +1,340 @@
+//! Gateway metrics in the Prometheus text format, under the exact names the earlier
+//! system's dashboards use (`infera_router_picks_total`, `infera_request_duration_seconds`,
+//! ...: written verbatim, no suffixes added), plus TTFT and inter-token latency
+//! histograms. Labels are bounded: roles, outcomes, worker ids (removed with the worker).
+
+use crate::breaker::Breakers;
+use crate::registry::Snapshot;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// Latency buckets (seconds).
+const LATENCY_BUCKETS: [f64; 16] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+#[derive(Debug, Clone, Default)]
+struct Histogram {
+    counts: [u64; LATENCY_BUCKETS.len()],
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn observe(&mut self, v: f64) {
+        if let Some(i) = LATENCY_BUCKETS.iter().position(|b| v <= *b) {
+            self.counts[i] += 1;
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
+        let mut cumulative = 0;
+        for (bound, n) in LATENCY_BUCKETS.iter().zip(self.counts) {
+            cumulative += n;
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}",
+            self.count
+        );
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum);
+        let _ = writeln!(out, "{name}_count{{{labels}}} {}", self.count);
+    }
+}
+
+/// How a request ended, for `infera_request_duration_seconds{outcome}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Outcome {
+    /// 2xx relayed.
+    Ok,
+    /// Rejected as a bad request (4xx before routing or from the worker).
+    ClientError,
+    /// No worker for it.
+    NoWorker,
+    /// Worker unreachable or 5xx.
+    UpstreamError,
+    /// Timed out.
+    Timeout,
+    /// The client went away.
+    Cancelled,
+}
+
+impl Outcome {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::ClientError => "client_error",
+            Self::NoWorker => "no_worker",
+            Self::UpstreamError => "upstream_error",
+            Self::Timeout => "timeout",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    picks: BTreeMap<(String, String), u64>,
+    durations: BTreeMap<(&'static str, Outcome), Histogram>,
+    inflight: BTreeMap<&'static str, i64>,
+    ttft: Histogram,
+    itl: Histogram,
+    cache_control: BTreeMap<&'static str, u64>,
+    discovery_events: BTreeMap<&'static str, u64>,
+    rejected_records: BTreeMap<&'static str, u64>,
+}
+
+/// The gateway's metrics.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    inner: Mutex<Inner>,
+}
+
+impl Metrics {
+    fn with(&self, f: impl FnOnce(&mut Inner)) {
+        if let Ok(mut inner) = self.inner.lock() {
+            f(&mut inner);
+        }
+    }
+
+    /// A pick of `worker_id` for `role` (`mixed`, `prefill`, `decode`).
+    pub fn record_pick(&self, role: &str, worker_id: &str) {
+        self.with(|m| {
+            *m.picks
+                .entry((role.to_owned(), worker_id.to_owned()))
+                .or_default() += 1
+        });
+    }
+
+    /// A request started on `router`.
+    pub fn request_started(&self, router: &'static str) {
+        self.with(|m| *m.inflight.entry(router).or_default() += 1);
+    }
+
+    /// A request that started ended.
+    pub fn request_finished(&self, router: &'static str, outcome: Outcome, started: Instant) {
+        let secs = started.elapsed().as_secs_f64();
+        self.with(|m| {
+            *m.inflight.entry(router).or_default() -= 1;
+            m.durations
+                .entry((router, outcome))
+                .or_default()
+                .observe(secs);
+        });
+    }
+
+    /// A request that ended before routing (bad input, no worker).
+    pub fn request_rejected(&self, router: &'static str, outcome: Outcome, started: Instant) {
+        let secs = started.elapsed().as_secs_f64();
+        self.with(|m| {
+            m.durations
+                .entry((router, outcome))
+                .or_default()
+                .observe(secs)
+        });
+    }
+
+    /// Time to the first streamed byte.
+    pub fn observe_ttft(&self, secs: f64) {
+        self.with(|m| m.ttft.observe(secs));
+    }
+
+    /// Gap between streamed chunks.
+    pub fn observe_itl(&self, secs: f64) {
+        self.with(|m| m.itl.observe(secs));
+    }
+
+    /// A request carried a cache hint of `retention`.
+    pub fn record_cache_control(&self, retention: &'static str) {
+        self.with(|m| *m.cache_control.entry(retention).or_default() += 1);
+    }
+
+    /// A discovery event (`put`, `delete`, `resync`, `watch_error`).
+    pub fn record_discovery(&self, kind: &'static str) {
+        self.with(|m| *m.discovery_events.entry(kind).or_default() += 1);
+    }
+
+    /// A worker record that was refused (`invalid_json`, `invalid_record`, `key_mismatch`).
+    pub fn record_rejected_record(&self, reason: &'static str) {
+        self.with(|m| *m.rejected_records.entry(reason).or_default() += 1);
+    }
+
+    /// Forgets a worker's labels.
+    pub fn remove_worker(&self, worker_id: &str) {
+        self.with(|m| m.picks.retain(|(_, w), _| w != worker_id));
+    }
+
+    /// The text exposition.
+    pub fn render(&self, snapshot: &Snapshot, breakers: &Breakers) -> String {
+        let mut out = String::new();
+        let Ok(m) = self.inner.lock() else { return out };
+        header(
+            &mut out,
+            "infera_router_picks_total",
+            "counter",
+            "Routing picks per role and worker.",
+        );
+        for ((role, worker), n) in &m.picks {
+            let _ = writeln!(
+                out,
+                "infera_router_picks_total{{role=\"{role}\",worker_id=\"{worker}\"}} {n}"
+            );
+        }
+        header(
+            &mut out,
+            "infera_request_duration_seconds",
+            "histogram",
+            "Request duration by router and outcome.",
+        );
+        for ((router, outcome), h) in &m.durations {
+            h.render(
+                &mut out,
+                "infera_request_duration_seconds",
+                &format!("router=\"{router}\",outcome=\"{}\"", outcome.name()),
+            );
+        }
+        header(
+            &mut out,
+            "infera_request_inflight",
+            "gauge",
+            "Requests in flight by router.",
+        );
+        for (router, n) in &m.inflight {
+            let _ = writeln!(out, "infera_request_inflight{{router=\"{router}\"}} {n}");
+        }
+        header(
+            &mut out,
+            "infera_active_workers",
+            "gauge",
+            "Registered workers by disaggregation mode.",
+        );
+        for (mode, n) in snapshot.count_by_mode() {
+            let mode = serde_json::to_value(mode)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            let _ = writeln!(out, "infera_active_workers{{disagg_mode=\"{mode}\"}} {n}");
+        }
+        let now = Instant::now();
+        let all = breakers.all();
+        header(
+            &mut out,
+            "infera_router_worker_breaker_state",
+            "gauge",
+            "Breaker state per worker: 0 closed, 1 open, 2 half-open.",
+        );
+        for (worker, b) in &all {
+            let _ = writeln!(
+                out,
+                "infera_router_worker_breaker_state{{worker_id=\"{worker}\"}} {}",
+                b.state(now).gauge()
+            );
+        }
+        header(
+            &mut out,
+            "infera_router_worker_breaker_trips_total",
+            "counter",
+            "Times each worker's breaker opened.",
+        );
+        for (worker, b) in &all {
+            let _ = writeln!(
+                out,
+                "infera_router_worker_breaker_trips_total{{worker_id=\"{worker}\"}} {}",
+                b.trips()
+            );
+        }
+        header(
+            &mut out,
+            "infera_cache_control_seen_total",
+            "counter",
+            "Requests carrying a cache retention hint, by class.",
+        );
+        for (retention, n) in &m.cache_control {
+            let _ = writeln!(
+                out,
+                "infera_cache_control_seen_total{{retention=\"{retention}\"}} {n}"
+            );
+        }
+        header(
+            &mut out,
+            "infera_gateway_ttft_seconds",
+            "histogram",
+            "Time from request to the first response byte from the worker.",
+        );
+        m.ttft.render(&mut out, "infera_gateway_ttft_seconds", "");
+        header(
+            &mut out,
+            "infera_gateway_itl_seconds",
+            "histogram",
+            "Time between streamed chunks.",
+        );
+        m.itl.render(&mut out, "infera_gateway_itl_seconds", "");
+        header(
+            &mut out,
+            "infera_gateway_discovery_events_total",
+            "counter",
+            "Discovery events by kind.",
+        );
+        for (kind, n) in &m.discovery_events {
+            let _ = writeln!(
+                out,
+                "infera_gateway_discovery_events_total{{kind=\"{kind}\"}} {n}"
+            );
+        }
+        header(
+            &mut out,
+            "infera_gateway_rejected_worker_records_total",
+            "counter",
+            "Worker records refused, by reason.",
+        );
+        for (reason, n) in &m.rejected_records {
+            let _ = writeln!(
+                out,
+                "infera_gateway_rejected_worker_records_total{{reason=\"{reason}\"}} {n}"
+            );
+        }
+        out
+    }
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exact_names_and_histogram_shape() {
+        let m = Metrics::default();
+        m.record_pick("mixed", "a:1");
+        m.request_started("mixed");
+        m.request_finished("mixed", Outcome::Ok, Instant::now());
+        m.observe_ttft(0.003);
+        let text = m.render(&Snapshot::default(), &Breakers::default());
+        assert!(text.contains("infera_router_picks_total{role=\"mixed\",worker_id=\"a:1\"} 1\n"));
+        assert!(text.contains("infera_request_inflight{router=\"mixed\"} 0\n"));
+        assert!(text.contains(
+            "infera_request_duration_seconds_count{router=\"mixed\",outcome=\"ok\"} 1\n"
+        ));
+        assert!(text.contains("infera_gateway_ttft_seconds_bucket{le=\"0.0025\"} 0\n"));
+        assert!(text.contains("infera_gateway_ttft_seconds_bucket{le=\"0.005\"} 1\n"));
+        assert!(text.contains("infera_active_workers{disagg_mode=\"mixed\"} 0\n"));
+        m.remove_worker("a:1");
+        assert!(
+            !m.render(&Snapshot::default(), &Breakers::default())
+                .contains("a:1")
+        );
+    }
+}

@@ -1,0 +1,298 @@
+//! The live set of workers, read without locks on the hot path.
+//!
+//! Discovery (etcd, a static file, or another crate in-process) writes records in; the
+//! router reads an immutable [`Snapshot`] swapped atomically on every change. Writers
+//! are serialized by a mutex and copy the map (changes are rare, reads are per request).
+//! Removal listeners let breakers, policies and metrics forget a worker that leaves.
+
+use arc_swap::ArcSwap;
+use infera_proto::worker::{DisaggMode, RequestTransport, RouteTarget, WorkerRecord};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use tokio::sync::watch;
+
+/// One place a request can go.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The worker's record.
+    pub record: Arc<WorkerRecord>,
+    /// Routing key: the worker id, or `<worker_id>#dp<r>`.
+    pub key: String,
+    /// Rank sent as `X-Data-Parallel-Rank`.
+    pub dp_rank: Option<u32>,
+}
+
+/// The workers serving one model, by role.
+#[derive(Debug, Clone, Default)]
+pub struct Pools {
+    /// Mixed workers.
+    pub mixed: Vec<Target>,
+    /// Prefill workers.
+    pub prefill: Vec<Target>,
+    /// Decode workers.
+    pub decode: Vec<Target>,
+}
+
+/// An immutable view of the registry.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// Workers by id.
+    pub workers: BTreeMap<String, Arc<WorkerRecord>>,
+    /// Routing targets per model.
+    pub models: BTreeMap<String, Pools>,
+}
+
+impl Snapshot {
+    fn build(workers: BTreeMap<String, Arc<WorkerRecord>>) -> Self {
+        let mut models: BTreeMap<String, Pools> = BTreeMap::new();
+        for record in workers.values() {
+            let pools = models.entry(record.model_name.clone()).or_default();
+            let pool = match record.disagg_mode {
+                DisaggMode::Mixed => &mut pools.mixed,
+                DisaggMode::Prefill => &mut pools.prefill,
+                DisaggMode::Decode => &mut pools.decode,
+            };
+            pool.extend(
+                record
+                    .route_targets()
+                    .into_iter()
+                    .map(|RouteTarget { key, dp_rank }| Target {
+                        record: record.clone(),
+                        key,
+                        dp_rank,
+                    }),
+            );
+        }
+        Self { workers, models }
+    }
+
+    /// Names of the models served.
+    pub fn model_names(&self) -> BTreeSet<&str> {
+        self.models.keys().map(String::as_str).collect()
+    }
+
+    /// Workers per role.
+    pub fn count_by_mode(&self) -> [(DisaggMode, usize); 3] {
+        let count = |mode| {
+            self.workers
+                .values()
+                .filter(|w| w.disagg_mode == mode)
+                .count()
+        };
+        [
+            (DisaggMode::Mixed, count(DisaggMode::Mixed)),
+            (DisaggMode::Prefill, count(DisaggMode::Prefill)),
+            (DisaggMode::Decode, count(DisaggMode::Decode)),
+        ]
+    }
+}
+
+/// What an upsert did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// A new worker.
+    Added,
+    /// A changed record.
+    Updated,
+    /// Same record as before (a heartbeat).
+    Unchanged,
+}
+
+type Listener = Box<dyn Fn(&str) + Send + Sync>;
+
+/// The registry.
+pub struct Registry {
+    snapshot: ArcSwap<Snapshot>,
+    write: Mutex<()>,
+    synced: watch::Sender<bool>,
+    on_remove: Mutex<Vec<Listener>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("workers", &self.snapshot.load().workers.len())
+            .field("synced", &*self.synced.borrow())
+            .finish()
+    }
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self {
+            snapshot: ArcSwap::from_pointee(Snapshot::default()),
+            write: Mutex::new(()),
+            synced: watch::channel(false).0,
+            on_remove: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl Registry {
+    /// An empty, not yet synced registry.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// The current view.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.load_full()
+    }
+
+    /// Calls `f(worker_id)` whenever a worker leaves.
+    pub fn on_remove(&self, f: impl Fn(&str) + Send + Sync + 'static) {
+        if let Ok(mut listeners) = self.on_remove.lock() {
+            listeners.push(Box::new(f));
+        }
+    }
+
+    fn notify_removed(&self, ids: &[String]) {
+        if let Ok(listeners) = self.on_remove.lock() {
+            for id in ids {
+                for f in listeners.iter() {
+                    f(id);
+                }
+            }
+        }
+    }
+
+    fn modify(
+        &self,
+        f: impl FnOnce(&mut BTreeMap<String, Arc<WorkerRecord>>) -> Vec<String>,
+    ) -> Vec<String> {
+        let removed;
+        {
+            let _guard = self.write.lock();
+            let mut workers = self.snapshot.load().workers.clone();
+            removed = f(&mut workers);
+            self.snapshot.store(Arc::new(Snapshot::build(workers)));
+        }
+        self.notify_removed(&removed);
+        removed
+    }
+
+    /// Adds or replaces a worker.
+    pub fn upsert(&self, record: WorkerRecord) -> Change {
+        if record.request_transport == RequestTransport::Nats {
+            tracing::info!(
+                worker = %record.worker_id,
+                "worker registered request_transport nats; the NATS request plane is not built yet, so it is reached over HTTP at {}",
+                record.url
+            );
+        }
+        let mut change = Change::Added;
+        self.modify(|workers| {
+            match workers.get(&record.worker_id) {
+                Some(old) if **old == record => change = Change::Unchanged,
+                Some(_) => change = Change::Updated,
+                None => {}
+            }
+            if change != Change::Unchanged {
+                workers.insert(record.worker_id.clone(), Arc::new(record));
+            }
+            Vec::new()
+        });
+        change
+    }
+
+    /// Removes a worker; true if it was there.
+    pub fn remove(&self, worker_id: &str) -> bool {
+        !self
+            .modify(|workers| {
+                workers
+                    .remove(worker_id)
+                    .map(|_| vec![worker_id.to_owned()])
+                    .unwrap_or_default()
+            })
+            .is_empty()
+    }
+
+    /// Replaces every worker (a full re-sync); returns the ids that left.
+    pub fn replace_all(&self, records: Vec<WorkerRecord>) -> Vec<String> {
+        self.modify(|workers| {
+            let fresh: BTreeMap<String, Arc<WorkerRecord>> = records
+                .into_iter()
+                .map(|r| (r.worker_id.clone(), Arc::new(r)))
+                .collect();
+            let removed = workers
+                .keys()
+                .filter(|k| !fresh.contains_key(*k))
+                .cloned()
+                .collect();
+            *workers = fresh;
+            removed
+        })
+    }
+
+    /// Marks discovery as synced (`/ready` turns 200).
+    pub fn mark_synced(&self) {
+        self.synced.send_replace(true);
+    }
+
+    /// Whether discovery has synced once.
+    pub fn is_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+
+    /// Waits until discovery has synced.
+    pub async fn wait_synced(&self) {
+        let mut rx = self.synced.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn mk_record(id: &str, model: &str, mode: DisaggMode, dp_size: u32) -> WorkerRecord {
+        let mut r = WorkerRecord::from_json(
+            format!(r#"{{"worker_id":"{id}","url":"http://{id}","model_name":"{model}","engine":"vllm"}}"#).as_bytes(),
+        )
+        .unwrap();
+        r.disagg_mode = mode;
+        r.dp_size = dp_size;
+        r
+    }
+
+    #[test]
+    fn snapshots_group_targets_by_model_and_role() {
+        let reg = Registry::new();
+        reg.upsert(mk_record("a:1", "m1", DisaggMode::Mixed, 1));
+        reg.upsert(mk_record("b:1", "m1", DisaggMode::Prefill, 2));
+        reg.upsert(mk_record("c:1", "m2", DisaggMode::Decode, 1));
+        let snap = reg.snapshot();
+        assert_eq!(
+            snap.model_names().into_iter().collect::<Vec<_>>(),
+            vec!["m1", "m2"]
+        );
+        let m1 = &snap.models["m1"];
+        assert_eq!(m1.mixed.len(), 1);
+        let keys: Vec<&str> = m1.prefill.iter().map(|t| t.key.as_str()).collect();
+        assert_eq!(keys, vec!["b:1#dp0", "b:1#dp1"]);
+        assert_eq!(snap.models["m2"].decode.len(), 1);
+    }
+
+    #[test]
+    fn upsert_reports_changes_and_removal_notifies() {
+        let reg = Registry::new();
+        let removed = Arc::new(AtomicUsize::new(0));
+        let seen = removed.clone();
+        reg.on_remove(move |_| {
+            seen.fetch_add(1, Ordering::SeqCst);
+        });
+        let r = mk_record("a:1", "m", DisaggMode::Mixed, 1);
+        assert_eq!(reg.upsert(r.clone()), Change::Added);
+        assert_eq!(reg.upsert(r.clone()), Change::Unchanged);
+        let mut r2 = r.clone();
+        r2.kv_block_size = Some(32);
+        assert_eq!(reg.upsert(r2), Change::Updated);
+        reg.upsert(mk_record("b:1", "m", DisaggMode::Mixed, 1));
+        assert_eq!(reg.replace_all(vec![r]), vec!["b:1".to_owned()]);
+        assert!(reg.remove("a:1"));
+        assert!(!reg.remove("a:1"));
+        assert_eq!(removed.load(Ordering::SeqCst), 2);
+        assert!(reg.snapshot().workers.is_empty());
+    }
+}

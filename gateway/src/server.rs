@@ -1,0 +1,126 @@
+//! Running the gateway: discovery tasks, the HTTP server (HTTP/1.1 and h2c), and a
+//! graceful shutdown that stops accepting, lets open streams finish (bounded), then
+//! stops discovery.
+
+use crate::api::build_router;
+use crate::config::{ConfigError, DiscoveryBackend};
+use crate::discovery::etcd::run_etcd_discovery;
+use crate::discovery::static_file::{load_worker_file, watch_worker_file};
+use crate::gateway::Gateway;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// A running gateway.
+#[derive(Debug)]
+pub struct RunningGateway {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Its state.
+    pub gateway: Arc<Gateway>,
+    stop: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+}
+
+impl RunningGateway {
+    /// Stops accepting, waits for open responses (up to the configured grace), stops
+    /// discovery.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        let grace = Duration::from_secs_f64(self.gateway.cfg.shutdown_grace_s);
+        let drain = async { while self.tasks.join_next().await.is_some() {} };
+        if tokio::time::timeout(grace, drain).await.is_err() {
+            tracing::warn!("open requests did not finish within {grace:?}; closing them");
+            self.tasks.abort_all();
+        }
+    }
+}
+
+impl Drop for RunningGateway {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        self.tasks.abort_all();
+    }
+}
+
+/// Starts discovery (per the config) and the HTTP server on `listener`.
+pub async fn start_gateway(
+    gateway: Arc<Gateway>,
+    listener: TcpListener,
+) -> Result<RunningGateway, ConfigError> {
+    let (stop, stop_rx) = watch::channel(false);
+    let mut tasks = JoinSet::new();
+    let cfg = &gateway.cfg;
+    match cfg.discovery_backend {
+        DiscoveryBackend::Etcd => {
+            tasks.spawn(run_etcd_discovery(
+                cfg.etcd_endpoints.clone(),
+                cfg.etcd_prefix.clone(),
+                gateway.registry.clone(),
+                gateway.metrics.clone(),
+                stop_rx.clone(),
+            ));
+        }
+        DiscoveryBackend::Static => {
+            if let Some(path) = cfg.static_workers.clone() {
+                let (n, stamp) = load_worker_file(&path, &gateway.registry, &gateway.metrics)
+                    .map_err(|e| ConfigError(e.to_string()))?;
+                tracing::info!("{}: {n} workers", path.display());
+                tasks.spawn(watch_worker_file(
+                    path,
+                    stamp,
+                    gateway.registry.clone(),
+                    gateway.metrics.clone(),
+                    stop_rx.clone(),
+                ));
+            }
+        }
+        DiscoveryBackend::Kubernetes => {}
+    }
+    let addr = listener
+        .local_addr()
+        .map_err(|e| ConfigError(e.to_string()))?;
+    tasks.spawn(serve(listener, gateway.clone(), stop_rx));
+    Ok(RunningGateway {
+        addr,
+        gateway,
+        stop,
+        tasks,
+    })
+}
+
+/// A gateway fed in-process (no discovery task): the caller upserts into its registry.
+pub async fn start_embedded(
+    gateway: Arc<Gateway>,
+    listener: TcpListener,
+) -> Result<RunningGateway, ConfigError> {
+    let (stop, stop_rx) = watch::channel(false);
+    let mut tasks = JoinSet::new();
+    let addr = listener
+        .local_addr()
+        .map_err(|e| ConfigError(e.to_string()))?;
+    tasks.spawn(serve(listener, gateway.clone(), stop_rx));
+    Ok(RunningGateway {
+        addr,
+        gateway,
+        stop,
+        tasks,
+    })
+}
+
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+async fn serve(listener: TcpListener, gateway: Arc<Gateway>, stop: watch::Receiver<bool>) {
+    let router = build_router(gateway);
+    if let Err(e) = axum::serve(listener, router)
+        .with_graceful_shutdown(stopped(stop))
+        .await
+    {
+        tracing::error!("gateway HTTP server failed: {e}");
+    }
+}

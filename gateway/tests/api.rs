@@ -1,0 +1,465 @@
+//! The gateway's API surface: SSE relayed byte for byte and chunk by chunk, client
+//! disconnects reaching the worker, every bad input answered with OpenAI (or Anthropic)
+//! error JSON, `/v1/messages` with and without tools, bearer auth, h2c, body limits.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use axum::body::Body;
+use axum::routing::post;
+use bytes::Bytes;
+use common::*;
+use futures::StreamExt;
+use infera_gateway::config::GatewayConfig;
+use infera_gateway::gateway::Gateway;
+use infera_gateway::registry::Registry;
+use infera_gateway::server::{RunningGateway, start_embedded};
+use infera_proto::worker::EngineKind;
+use serde_json::{Value, json};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// A gateway fed in-process with the given workers.
+async fn embedded(
+    records: Vec<infera_proto::worker::WorkerRecord>,
+    extra: &[&str],
+) -> RunningGateway {
+    let mut args = vec!["infera-gateway"];
+    args.extend_from_slice(extra);
+    let cfg = <GatewayConfig as clap::Parser>::try_parse_from(args).unwrap();
+    let registry = Registry::new();
+    for r in records {
+        registry.upsert(r);
+    }
+    registry.mark_synced();
+    let gw = Gateway::new(cfg, registry).unwrap();
+    start_embedded(
+        gw,
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    )
+    .await
+    .unwrap()
+}
+
+/// An upstream that answers every chat request with SSE chunks it takes from `chunks`,
+/// one at a time, and records the bodies it was sent.
+async fn scripted_upstream(
+    chunks: mpsc::UnboundedReceiver<Bytes>,
+    seen: Arc<Mutex<Vec<Value>>>,
+) -> std::net::SocketAddr {
+    let chunks = Arc::new(tokio::sync::Mutex::new(Some(chunks)));
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        post(move |body: axum::body::Bytes| {
+            let chunks = chunks.clone();
+            let seen = seen.clone();
+            async move {
+                seen.lock()
+                    .unwrap()
+                    .push(serde_json::from_slice(&body).unwrap());
+                let rx = chunks.lock().await.take().unwrap();
+                let stream = tokio_stream_from(rx);
+                axum::response::Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(Body::from_stream(stream))
+                    .unwrap()
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+fn tokio_stream_from(
+    mut rx: mpsc::UnboundedReceiver<Bytes>,
+) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(Ok)))
+}
+
+#[tokio::test]
+async fn sse_is_relayed_byte_for_byte_as_it_arrives() {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let upstream = scripted_upstream(rx, seen.clone()).await;
+    let gw = embedded(vec![record_for(upstream, EngineKind::Vllm)], &[]).await;
+    let mut body = chat("hi", 3);
+    body["stream"] = json!(true);
+    let resp = reqwest::Client::new()
+        .post(gw_url(&gw, "/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut stream = resp.bytes_stream();
+    let chunks = [
+        "data: {\"choices\":[{\"delta\":{\"content\":\"Hé\"}}]}\n\n",
+        "data: {\"choices\":[{\"delta\":{\"content\":\"llo\"}}]}\n\n",
+        "data: [DONE]\n\n",
+    ];
+    let mut got = Vec::new();
+    for chunk in chunks {
+        // The next chunk is only sent once the previous one reached the client: a gateway
+        // that buffered the response would stall here.
+        tx.send(Bytes::from(chunk)).unwrap();
+        let received = tokio::time::timeout(Duration::from_secs(5), stream.next())
+            .await
+            .expect("chunk not relayed promptly");
+        got.extend_from_slice(&received.unwrap().unwrap());
+    }
+    drop(tx);
+    assert!(stream.next().await.is_none());
+    assert_eq!(String::from_utf8(got).unwrap(), chunks.concat());
+    let forwarded = seen.lock().unwrap()[0].clone();
+    assert_eq!(
+        forwarded["kv_transfer_params"]["infera_retention"], "long",
+        "default retention forwarded"
+    );
+}
+
+#[tokio::test]
+async fn a_client_disconnect_reaches_the_worker() {
+    let sim = start_sim(EngineKind::Vllm, 1.0).await;
+    let gw = embedded(vec![record_for(sim.addr, EngineKind::Vllm)], &[]).await;
+    let mut body = chat("long answer", 2000);
+    body["stream"] = json!(true);
+    let resp = reqwest::Client::new()
+        .post(gw_url(&gw, "/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut stream = resp.bytes_stream();
+    stream.next().await.unwrap().unwrap();
+    drop(stream);
+    let counters = sim.state.engine.counters.clone();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counters.aborted.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the worker never saw the disconnect"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn bad_inputs_get_openai_error_json() {
+    let sim = start_sim(EngineKind::Vllm, 50.0).await;
+    let gw = embedded(
+        vec![record_for(sim.addr, EngineKind::Vllm)],
+        &["--max-body-bytes", "2048"],
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let cases: Vec<(String, u16, Option<&str>)> = vec![
+        ("{not json".into(), 400, None),
+        (json!({"model": MODEL, "messages": []}).to_string(), 400, Some("messages")),
+        (json!({"model": MODEL, "messages": [{"role": "user", "content": 7}]}).to_string(), 400, Some("messages[0].content")),
+        (json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}).to_string(), 400, Some("n")),
+        (json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}).to_string(), 400, Some("max_tokens")),
+        (json!({"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}).to_string(), 404, Some("model")),
+        (json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "infera_retention": "forever"}).to_string(), 400, Some("infera_retention")),
+        (json!({"model": MODEL, "messages": [{"role": "user", "content": "x".repeat(4096)}]}).to_string(), 413, None),
+    ];
+    for (body, status, param) in cases {
+        let r = http
+            .post(gw_url(&gw, "/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "{body:.80}");
+        assert!(r.headers().contains_key("x-infera-request-id"));
+        let err: Value = r.json().await.unwrap();
+        assert_eq!(err["error"]["param"].as_str(), param, "{err}");
+        assert!(
+            err["error"]["type"].is_string() && err["error"]["message"].is_string(),
+            "{err}"
+        );
+    }
+    assert_eq!(served(&sim), 0, "no bad request reached the worker");
+    // The worker's own 4xx (a prompt over its context) is relayed, not retried.
+    let r = http.post(gw_url(&gw, "/v1/chat/completions")).json(&json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 999999})).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+}
+
+#[tokio::test]
+async fn request_ids_pass_through() {
+    let sim = start_sim(EngineKind::Vllm, 50.0).await;
+    let gw = embedded(vec![record_for(sim.addr, EngineKind::Vllm)], &[]).await;
+    let r = reqwest::Client::new()
+        .post(gw_url(&gw, "/v1/chat/completions"))
+        .header("x-infera-request-id", "fixture-request-7")
+        .json(&chat("x", 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["x-infera-request-id"], "fixture-request-7");
+}
+
+#[tokio::test]
+async fn anthropic_messages_without_tools_json_and_sse() {
+    let sim = start_sim(EngineKind::Vllm, 50.0).await;
+    let gw = embedded(vec![record_for(sim.addr, EngineKind::Vllm)], &[]).await;
+    let http = reqwest::Client::new();
+    let body = json!({"model": MODEL, "max_tokens": 5, "system": "be brief",
+                      "messages": [{"role": "user", "content": "Hello"}]});
+    let msg: Value = http
+        .post(gw_url(&gw, "/v1/messages"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(msg["type"], "message");
+    assert_eq!(msg["content"][0]["type"], "text");
+    assert_eq!(msg["stop_reason"], "max_tokens");
+    assert_eq!(msg["usage"]["output_tokens"], 5);
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let text = http
+        .post(gw_url(&gw, "/v1/messages"))
+        .json(&streamed)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let events: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
+    assert_eq!(events.first(), Some(&"message_start"));
+    assert_eq!(
+        &events[events.len() - 2..],
+        &["message_delta", "message_stop"]
+    );
+    assert!(events.contains(&"content_block_delta"));
+    let bad = http
+        .post(gw_url(&gw, "/v1/messages"))
+        .json(&json!({"model": MODEL, "messages": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    let err: Value = bad.json().await.unwrap();
+    assert_eq!(err["type"], "error", "Anthropic error shape: {err}");
+    assert_eq!(err["error"]["type"], "invalid_request_error");
+}
+
+#[tokio::test]
+async fn anthropic_messages_with_tools_reach_the_engine_as_openai_tools() {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let upstream = scripted_upstream(rx, seen.clone()).await;
+    let gw = embedded(vec![record_for(upstream, EngineKind::Vllm)], &[]).await;
+    tx.send(Bytes::from(
+        "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\"}}]}}]}\n\n\
+         data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"\\\"Paris\\\"}\"}}]},\"finish_reason\":\"tool_calls\"}]}\n\n\
+         data: [DONE]\n\n",
+    ))
+    .unwrap();
+    drop(tx);
+    let body = json!({"model": MODEL, "max_tokens": 50, "stream": true,
+        "tools": [{"name": "get_weather", "description": "Weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Weather in Paris?", "cache_control": {"type": "ephemeral", "ttl": "1h"}}]}]});
+    let text = reqwest::Client::new()
+        .post(gw_url(&gw, "/v1/messages"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let forwarded = seen.lock().unwrap()[0].clone();
+    assert_eq!(forwarded["tools"][0]["type"], "function");
+    assert_eq!(forwarded["tools"][0]["function"]["name"], "get_weather");
+    assert_eq!(forwarded["messages"][0]["content"], "Weather in Paris?");
+    assert_eq!(
+        forwarded["kv_transfer_params"]["infera_retention"], "long",
+        "1h cache_control is a long hint"
+    );
+    assert!(text.contains("\"type\":\"tool_use\""), "{text}");
+    assert!(
+        text.contains("\"partial_json\":\"\\\"Paris\\\"}\""),
+        "{text}"
+    );
+    assert!(text.contains("\"stop_reason\":\"tool_use\""), "{text}");
+}
+
+#[tokio::test]
+async fn bearer_auth_when_a_keys_file_is_given() {
+    let sim = start_sim(EngineKind::Vllm, 50.0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, "# fixture keys\nfixture-key-1\n\nfixture-key-2\n").unwrap();
+    let gw = embedded(
+        vec![record_for(sim.addr, EngineKind::Vllm)],
+        &["--api-keys-file", keys.to_str().unwrap()],
+    )
+    .await;
+    let open = embedded(vec![record_for(sim.addr, EngineKind::Vllm)], &[]).await;
+    let http = reqwest::Client::new();
+    let no_key = http
+        .post(gw_url(&gw, "/v1/chat/completions"))
+        .json(&chat("x", 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(no_key.status(), 401);
+    let err: Value = no_key.json().await.unwrap();
+    assert_eq!(err["error"]["type"], "authentication_error");
+    let wrong = http
+        .post(gw_url(&gw, "/v1/chat/completions"))
+        .bearer_auth("nope")
+        .json(&chat("x", 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), 401);
+    let ok = http
+        .post(gw_url(&gw, "/v1/chat/completions"))
+        .bearer_auth("fixture-key-2")
+        .json(&chat("x", 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    assert_eq!(
+        http.get(gw_url(&gw, "/health"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200,
+        "health stays open"
+    );
+    let anthropic = http.post(gw_url(&gw, "/v1/messages")).header("x-api-key", "fixture-key-1")
+        .json(&json!({"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]})).send().await.unwrap();
+    assert_eq!(anthropic.status(), 200);
+    assert_eq!(
+        http.post(gw_url(&open, "/v1/chat/completions"))
+            .json(&chat("x", 1))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200,
+        "auth is off by default"
+    );
+}
+
+#[tokio::test]
+async fn serves_h2c() {
+    let sim = start_sim(EngineKind::Vllm, 50.0).await;
+    let gw = embedded(vec![record_for(sim.addr, EngineKind::Vllm)], &[]).await;
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let r = h2
+        .post(gw_url(&gw, "/v1/chat/completions"))
+        .json(&chat("x", 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.version(), reqwest::Version::HTTP_2);
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["usage"]["completion_tokens"], 2);
+}
+
+#[tokio::test]
+async fn models_and_workers_views() {
+    let sim = start_sim(EngineKind::Sglang, 50.0).await;
+    let gw = embedded(vec![record_for(sim.addr, EngineKind::Sglang)], &[]).await;
+    let models: Value = reqwest::get(gw_url(&gw, "/v1/models"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], MODEL);
+    let workers: Value = reqwest::get(gw_url(&gw, "/v1/workers"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(workers["workers"][0]["engine"], "sglang");
+    assert_eq!(workers["workers"][0]["breaker"]["state"], "closed");
+    assert_eq!(
+        reqwest::get(gw_url(&gw, "/ready")).await.unwrap().status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn a_mid_stream_failure_ends_with_an_sse_error_event() {
+    let sim = start_sim(EngineKind::Vllm, 50.0).await;
+    let gw = embedded(vec![record_for(sim.addr, EngineKind::Vllm)], &[]).await;
+    let http = reqwest::Client::new();
+    http.post(format!("http://{}/sim/faults", sim.addr))
+        .json(&json!({"fail_after_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    let mut body = chat("x", 10);
+    body["stream"] = json!(true);
+    let resp = http
+        .post(gw_url(&gw, "/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.len(), 3, "two token chunks, then the error: {text}");
+    let last: Value = serde_json::from_str(events[2].strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "worker_unreachable");
+    assert!(!text.contains("[DONE]"));
+}
+
+#[tokio::test]
+async fn shutdown_lets_open_streams_finish() {
+    let sim = start_sim(EngineKind::Vllm, 10.0).await;
+    let gw = embedded(vec![record_for(sim.addr, EngineKind::Vllm)], &[]).await;
+    let addr = gw.addr;
+    let mut body = chat("x", 40);
+    body["stream"] = json!(true);
+    let resp = reqwest::Client::new()
+        .post(format!("http://{addr}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut stream = resp.bytes_stream();
+    stream.next().await.unwrap().unwrap();
+    let stopping = tokio::spawn(gw.shutdown());
+    let mut rest = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        rest.extend_from_slice(&chunk.unwrap());
+    }
+    assert!(
+        String::from_utf8(rest)
+            .unwrap()
+            .ends_with("data: [DONE]\n\n"),
+        "the open stream completed"
+    );
+    stopping.await.unwrap();
+    assert!(
+        reqwest::get(format!("http://{addr}/health")).await.is_err(),
+        "no new connections after shutdown"
+    );
+}

@@ -1,0 +1,380 @@
+//! The gateway over real etcd and simulated workers: round-robin spread, leaving
+//! routing when a lease goes, failover and circuit breakers, timeouts, records written
+//! exactly as the earlier launchers write them, static discovery.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::*;
+use infera_proto::discovery::build_worker_key;
+use infera_proto::worker::EngineKind;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+#[tokio::test]
+async fn round_robin_spreads_requests_evenly() {
+    let prefix = unique_prefix();
+    let sims = [
+        start_sim(EngineKind::Vllm, 50.0).await,
+        start_sim(EngineKind::Sglang, 50.0).await,
+        start_sim(EngineKind::Vllm, 50.0).await,
+    ];
+    for s in &sims {
+        register(&prefix, &record_for(s.addr, s.state.flavor.0), 30).await;
+    }
+    let gw = start_gw(&prefix, &[]).await;
+    wait_workers(&gw, 3).await;
+    let http = reqwest::Client::new();
+    for i in 0..30 {
+        let r = http
+            .post(gw_url(&gw, "/v1/chat/completions"))
+            .json(&chat(&format!("q{i}"), 2))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(r.headers().contains_key("x-infera-request-id"));
+    }
+    let counts: Vec<u64> = sims.iter().map(served).collect();
+    assert_eq!(counts, vec![10, 10, 10]);
+    let metrics = http
+        .get(gw_url(&gw, "/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let picks = format!(
+        "infera_router_picks_total{{role=\"mixed\",worker_id=\"{}\"}} 10",
+        sims[0].addr
+    );
+    assert!(metrics.contains(&picks), "{metrics}");
+}
+
+#[tokio::test]
+async fn a_revoked_lease_takes_the_worker_out_of_routing() {
+    let prefix = unique_prefix();
+    let (a, b) = (
+        start_sim(EngineKind::Vllm, 50.0).await,
+        start_sim(EngineKind::Vllm, 50.0).await,
+    );
+    let lease_a = register(&prefix, &record_for(a.addr, EngineKind::Vllm), 30).await;
+    register(&prefix, &record_for(b.addr, EngineKind::Vllm), 30).await;
+    let gw = start_gw(&prefix, &[]).await;
+    wait_workers(&gw, 2).await;
+    let mut etcd = infera_testkit::etcd_client().await.unwrap();
+    etcd.lease_revoke(lease_a).await.unwrap();
+    wait_workers(&gw, 1).await;
+    let http = reqwest::Client::new();
+    for i in 0..6 {
+        let r = http
+            .post(gw_url(&gw, "/v1/chat/completions"))
+            .json(&chat(&format!("q{i}"), 1))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    assert_eq!((served(&a), served(&b)), (0, 6));
+    let workers: Value = http
+        .get(gw_url(&gw, "/v1/workers"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(workers["workers"].as_array().unwrap().len(), 1);
+    assert_eq!(workers["workers"][0]["worker_id"], b.addr.to_string());
+}
+
+#[tokio::test]
+async fn failover_before_the_first_byte_and_the_breaker_opens() {
+    let prefix = unique_prefix();
+    let (a, b) = (
+        start_sim(EngineKind::Vllm, 50.0).await,
+        start_sim(EngineKind::Vllm, 50.0).await,
+    );
+    register(&prefix, &record_for(a.addr, EngineKind::Vllm), 30).await;
+    register(&prefix, &record_for(b.addr, EngineKind::Vllm), 30).await;
+    // A third worker that is registered but unreachable.
+    let dead_port = infera_testkit::process::free_port().unwrap();
+    let dead: std::net::SocketAddr = format!("127.0.0.1:{dead_port}").parse().unwrap();
+    register(&prefix, &record_for(dead, EngineKind::Vllm), 30).await;
+    let gw = start_gw(
+        &prefix,
+        &["--breaker-cooldown-s", "60", "--request-max-retries", "2"],
+    )
+    .await;
+    wait_workers(&gw, 3).await;
+    let http = reqwest::Client::new();
+    http.post(format!("http://{}/sim/faults", a.addr))
+        .json(&json!({"fail_next": 1000}))
+        .send()
+        .await
+        .unwrap();
+    for i in 0..12 {
+        let r = http
+            .post(gw_url(&gw, "/v1/chat/completions"))
+            .json(&chat(&format!("q{i}"), 1))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            200,
+            "request {i} should have failed over to the healthy worker"
+        );
+    }
+    assert_eq!(served(&b), 12, "every request ends on the healthy worker");
+    let workers: Value = http
+        .get(gw_url(&gw, "/v1/workers"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for w in workers["workers"].as_array().unwrap() {
+        let expected = if w["worker_id"] == b.addr.to_string() {
+            "closed"
+        } else {
+            "open"
+        };
+        assert_eq!(w["breaker"]["state"], expected, "{w}");
+    }
+    let metrics = http
+        .get(gw_url(&gw, "/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(&format!(
+            "infera_router_worker_breaker_trips_total{{worker_id=\"{dead}\"}} 1"
+        )),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            "infera_router_worker_breaker_state{{worker_id=\"{}\"}} 1",
+            a.addr
+        )),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn when_every_worker_fails_the_client_gets_a_clear_error() {
+    let prefix = unique_prefix();
+    let dead_port = infera_testkit::process::free_port().unwrap();
+    let dead: std::net::SocketAddr = format!("127.0.0.1:{dead_port}").parse().unwrap();
+    register(&prefix, &record_for(dead, EngineKind::Vllm), 30).await;
+    let gw = start_gw(&prefix, &[]).await;
+    wait_workers(&gw, 1).await;
+    let r = reqwest::Client::new()
+        .post(gw_url(&gw, "/v1/chat/completions"))
+        .json(&chat("x", 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 502);
+    let err: Value = r.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "worker_unreachable");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&dead.to_string())
+    );
+}
+
+#[tokio::test]
+async fn a_hung_worker_gets_a_504_not_a_hang() {
+    let prefix = unique_prefix();
+    let a = start_sim(EngineKind::Vllm, 50.0).await;
+    register(&prefix, &record_for(a.addr, EngineKind::Vllm), 30).await;
+    let gw = start_gw(&prefix, &["--request-timeout-s", "0.5"]).await;
+    wait_workers(&gw, 1).await;
+    let http = reqwest::Client::new();
+    http.post(format!("http://{}/sim/faults", a.addr))
+        .json(&json!({"hang": true}))
+        .send()
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let r = http
+        .post(gw_url(&gw, "/v1/chat/completions"))
+        .json(&chat("x", 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 504);
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn routes_to_records_written_exactly_like_the_earlier_launchers() {
+    let prefix = unique_prefix();
+    let sim = start_sim(EngineKind::Sglang, 50.0).await;
+    // The earlier launcher's record: every field it writes, including the native index
+    // plane block and fields this gateway does not know.
+    let record = format!(
+        r#"{{"worker_id": "{addr}", "url": "http://{addr}", "model_name": "{MODEL}", "engine": "sglang", "disagg_mode": "mixed", "disagg_meta": null, "kv_events_endpoint": "tcp://127.0.0.1:1", "kv_block_size": 16, "dp_rank": null, "dp_size": 1, "request_transport": "http", "kv": {{"engine_block_size": 16, "index_block_size": 64, "tokenizer": "/models/fixture", "tokenizer_digest": "0123456789abcdef", "tokenizer_canary": [1, 2, 3], "supports_events": true, "event_version": 1, "events_endpoint": "tcp://127.0.0.1:2", "snapshot_endpoint": "tcp://127.0.0.1:3", "tiers": ["hbm"]}}, "launched_at": 1732900000.5, "launcher": "infera.engine.sglang"}}"#,
+        addr = sim.addr
+    );
+    let mut etcd = infera_testkit::etcd_client().await.unwrap();
+    etcd.put(
+        build_worker_key(&prefix, &sim.addr.to_string()),
+        record,
+        None,
+    )
+    .await
+    .unwrap();
+    let gw = start_gw(&prefix, &[]).await;
+    wait_workers(&gw, 1).await;
+    let r = reqwest::Client::new()
+        .post(gw_url(&gw, "/v1/completions"))
+        .json(&json!({"model": MODEL, "prompt": "hi", "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(served(&sim), 1);
+    let models: Value = reqwest::get(gw_url(&gw, "/v1/models"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], MODEL);
+    // A malformed record is refused and counted, not routed.
+    etcd.put(build_worker_key(&prefix, "10.9.9.9:1"), "{not json", None)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let m = reqwest::get(gw_url(&gw, "/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if m.contains("infera_gateway_rejected_worker_records_total{reason=\"invalid_record\"} 1") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "malformed record not counted: {m}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(gw.gateway.registry.snapshot().workers.len(), 1);
+}
+
+#[tokio::test]
+async fn ready_waits_for_discovery() {
+    let dead_port = infera_testkit::process::free_port().unwrap();
+    let cfg = <infera_gateway::config::GatewayConfig as clap::Parser>::try_parse_from([
+        "g",
+        "--etcd-endpoint",
+        &format!("http://127.0.0.1:{dead_port}"),
+    ])
+    .unwrap();
+    let gw = infera_gateway::gateway::Gateway::new(cfg, infera_gateway::registry::Registry::new())
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gw = infera_gateway::server::start_gateway(gw, listener)
+        .await
+        .unwrap();
+    let http = reqwest::Client::new();
+    assert_eq!(
+        http.get(gw_url(&gw, "/ready"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        503
+    );
+    assert_eq!(
+        http.get(gw_url(&gw, "/health"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let r = http
+        .post(gw_url(&gw, "/v1/chat/completions"))
+        .json(&chat("x", 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404, "no worker registered: model not served");
+}
+
+#[tokio::test]
+async fn static_discovery_reads_and_rereads_a_file() {
+    let a = start_sim(EngineKind::Vllm, 50.0).await;
+    let b = start_sim(EngineKind::Vllm, 50.0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("workers.yaml");
+    let yaml = |addrs: &[std::net::SocketAddr]| {
+        let mut s = String::from("workers:\n");
+        for addr in addrs {
+            s.push_str(&format!("  - worker_id: \"{addr}\"\n    url: http://{addr}\n    model_name: {MODEL}\n    engine: vllm\n"));
+        }
+        s
+    };
+    std::fs::write(&file, yaml(&[a.addr])).unwrap();
+    let cfg = <infera_gateway::config::GatewayConfig as clap::Parser>::try_parse_from([
+        "g",
+        "--discovery-backend",
+        "static",
+        "--static-workers",
+        file.to_str().unwrap(),
+    ])
+    .unwrap();
+    let gw = infera_gateway::gateway::Gateway::new(cfg, infera_gateway::registry::Registry::new())
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gw = infera_gateway::server::start_gateway(gw, listener)
+        .await
+        .unwrap();
+    wait_workers(&gw, 1).await;
+    std::fs::write(&file, yaml(&[a.addr, b.addr])).unwrap();
+    wait_workers(&gw, 2).await;
+    let http = reqwest::Client::new();
+    for i in 0..4 {
+        let r = http
+            .post(gw_url(&gw, "/v1/chat/completions"))
+            .json(&chat(&format!("{i}"), 1))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    assert_eq!((served(&a), served(&b)), (2, 2));
+    std::fs::write(&file, "workers: [oops").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !reqwest::get(gw_url(&gw, "/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+        .contains("kind=\"file_error\"")
+    {
+        assert!(Instant::now() < deadline, "the broken file was never read");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        gw.gateway.registry.snapshot().workers.len(),
+        2,
+        "a broken file keeps the last good workers"
+    );
+}
