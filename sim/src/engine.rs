@@ -160,6 +160,7 @@ async fn run_engine(
         state: timing.seed,
     };
     let start = Instant::now();
+    let mut pace = start;
     let sim_now = || start.elapsed().as_secs_f64() * 1000.0 * speedup;
     let mut outputs: HashMap<u64, mpsc::UnboundedSender<EngineOutput>> = HashMap::new();
     loop {
@@ -188,7 +189,21 @@ async fn run_engine(
             Some(step) => {
                 let ms = step.duration_ms * jitter.next_factor();
                 let real = Duration::from_secs_f64(ms / 1000.0 / speedup);
-                tokio::time::sleep(real).await;
+                // Steps end at absolute deadlines: tokio's timer has millisecond
+                // granularity, so sub-millisecond steps (a high --speedup) run back to back
+                // until they fall behind schedule, keeping the average pace exact.
+                // A late wake-up (timer rounding) is made up on the next steps; after
+                // idling or a long stall the schedule restarts from now.
+                let now_real = Instant::now();
+                if now_real > pace + Duration::from_millis(5) {
+                    pace = now_real;
+                }
+                pace += real;
+                if pace > now_real + Duration::from_micros(500) {
+                    tokio::time::sleep_until(pace.into()).await;
+                } else {
+                    tokio::task::yield_now().await;
+                }
                 for id in &step.rejected {
                     if let Some(tx) = outputs.remove(id) {
                         let _ = tx.send(EngineOutput::Rejected(format!(
