@@ -7,7 +7,8 @@ use crate::anthropic::{
 };
 use crate::dispatch::{DispatchContext, dispatch};
 use crate::gateway::Gateway;
-use crate::metrics::Outcome;
+use crate::kv_router::block_size_of;
+use crate::metrics::{KvGauges, Outcome};
 use crate::relay::{RequestGuard, relay_body};
 use crate::router::route;
 use crate::validate::{ApiKind, validate_request};
@@ -20,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures::StreamExt;
 use infera_proto::error_class::{ApiError, ErrorClass};
-use infera_proto::retention::{Retention, parse_retention_hint};
+use infera_proto::retention::{Retention, overlap_weight_factor, parse_retention_hint};
 use serde_json::{Map, Value, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -45,6 +46,7 @@ pub fn build_router(gw: Shared) -> Router {
         .route("/v1/messages", post(messages))
         .route("/v1/models", get(models))
         .route("/v1/workers", get(workers))
+        .route("/v1/admin/cache-view/{worker_id}", get(cache_view))
         .layer(middleware::from_fn_with_state(gw.clone(), require_auth));
     Router::new()
         .merge(api)
@@ -129,15 +131,29 @@ fn default_model(gw: &Gateway) -> Option<String> {
         .flatten()
 }
 
-/// The hint a request carries (for metrics and weights) and the retention to forward.
-fn retention_of(gw: &Gateway, body: &Value) -> Result<Retention, ApiError> {
+/// How a request is to be routed.
+#[derive(Debug, Clone, Copy)]
+struct RouteInput {
+    kind: ApiKind,
+    /// The client's explicit hint (it sets the kv-aware weight).
+    hint: Option<Retention>,
+    /// What engines are told (the hint, or the default).
+    retention: Retention,
+}
+
+/// The hint a request carries and the retention to forward.
+fn route_input(gw: &Gateway, kind: ApiKind, body: &Value) -> Result<RouteInput, ApiError> {
     let hint = parse_retention_hint(body).map_err(|e| {
         ApiError::new(ErrorClass::BadRequest, e.to_string()).with_param("infera_retention")
     })?;
     if let Some(h) = hint {
         gw.metrics.record_cache_control(h.as_str());
     }
-    Ok(hint.unwrap_or(gw.default_retention))
+    Ok(RouteInput {
+        kind,
+        hint,
+        retention: hint.unwrap_or(gw.default_retention),
+    })
 }
 
 async fn chat(State(gw): State<Shared>, headers: HeaderMap, body: Body) -> Response {
@@ -154,11 +170,11 @@ async fn openai(gw: Shared, kind: ApiKind, headers: HeaderMap, body: Body) -> Re
     let prepared = async {
         let bytes = read_body(&gw, body).await?;
         let (body, info) = validate_request(kind, &bytes, default_model(&gw).as_deref())?;
-        let retention = retention_of(&gw, &Value::Object(body.clone()))?;
-        Ok::<_, ApiError>((body, info, retention))
+        let input = route_input(&gw, kind, &Value::Object(body.clone()))?;
+        Ok::<_, ApiError>((body, info, input))
     }
     .await;
-    let (body, info, retention) = match prepared {
+    let (body, info, input) = match prepared {
         Ok(p) => p,
         Err(e) => {
             gw.metrics
@@ -166,17 +182,7 @@ async fn openai(gw: Shared, kind: ApiKind, headers: HeaderMap, body: Body) -> Re
             return error_response(&e, Shape::OpenAi, &rid);
         }
     };
-    match forward(
-        &gw,
-        kind.path(),
-        &body,
-        &info.model,
-        retention,
-        &rid,
-        started,
-    )
-    .await
-    {
+    match forward(&gw, &body, &info.model, input, &rid, started).await {
         Ok((dispatched, guard)) => {
             let sse = is_sse(&dispatched.response);
             let worker = dispatched.target.record.worker_id.clone();
@@ -219,10 +225,9 @@ fn is_sse(resp: &reqwest::Response) -> bool {
 /// Routes and dispatches; on success the guard owns the request's bookkeeping.
 async fn forward(
     gw: &Shared,
-    path: &str,
     body: &Map<String, Value>,
     model: &str,
-    retention: Retention,
+    input: RouteInput,
     rid: &str,
     started: Instant,
 ) -> Result<(crate::dispatch::Dispatched, RequestGuard), ApiError> {
@@ -239,17 +244,45 @@ async fn forward(
         started,
         outcome: Outcome::Cancelled,
         inflight: None,
+        kv_charge: None,
     };
     let ctx = DispatchContext {
         client: &gw.client,
         breakers: &gw.breakers,
-        policy: &gw.policy,
         metrics: &gw.metrics,
         max_retries: gw.cfg.request_max_retries,
         timeout: Duration::from_secs_f64(gw.cfg.request_timeout_s),
     };
-    match dispatch(&ctx, candidates, path, body, retention, rid).await {
+    let blocks = gw.kv.as_ref().map(|kv| {
+        let sizes = candidates
+            .iter()
+            .filter_map(|t| block_size_of(&t.record))
+            .collect();
+        kv.hash_request(input.kind, body, &sizes)
+    });
+    let weight = gw
+        .kv
+        .as_ref()
+        .map_or(1.0, |kv| kv.weight * overlap_weight_factor(input.hint));
+    let choose = |options: &[&crate::registry::Target]| match (&gw.kv, &blocks) {
+        (Some(kv), Some(blocks)) => kv.choose(options, blocks, weight),
+        _ => gw.policy.pick(options),
+    };
+    match dispatch(
+        &ctx,
+        &choose,
+        candidates,
+        input.kind.path(),
+        body,
+        input.retention,
+        rid,
+    )
+    .await
+    {
         Ok(d) => {
+            if let (Some(kv), Some(blocks)) = (&gw.kv, &blocks) {
+                guard.kv_charge = kv.commit(&d.target, blocks, "mixed");
+            }
             let worker = d.target.record.worker_id.clone();
             gw.inflight.acquire(&worker);
             guard.inflight = Some((gw.inflight.clone(), worker));
@@ -284,11 +317,11 @@ async fn messages(State(gw): State<Shared>, headers: HeaderMap, body: Body) -> R
             )
         })?;
         let chat = build_chat_request(&original)?;
-        let retention = retention_of(&gw, &original)?;
-        Ok::<_, ApiError>((chat, retention))
+        let input = route_input(&gw, ApiKind::Chat, &original)?;
+        Ok::<_, ApiError>((chat, input))
     }
     .await;
-    let (chat, retention) = match prepared {
+    let (chat, input) = match prepared {
         Ok(p) => p,
         Err(e) => {
             gw.metrics
@@ -302,17 +335,7 @@ async fn messages(State(gw): State<Shared>, headers: HeaderMap, body: Body) -> R
         .unwrap_or_default()
         .to_owned();
     let stream = chat.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    let (dispatched, mut guard) = match forward(
-        &gw,
-        "/v1/chat/completions",
-        &chat,
-        &model,
-        retention,
-        &rid,
-        started,
-    )
-    .await
-    {
+    let (dispatched, mut guard) = match forward(&gw, &chat, &model, input, &rid, started).await {
         Ok(d) => d,
         Err(e) => return error_response(&e, Shape::Anthropic, &rid),
     };
@@ -460,6 +483,31 @@ async fn workers(State(gw): State<Shared>) -> Response {
     axum::Json(json!({"workers": list, "synced": gw.registry.is_synced()})).into_response()
 }
 
+async fn cache_view(
+    State(gw): State<Shared>,
+    axum::extract::Path(worker_id): axum::extract::Path<String>,
+) -> Response {
+    let Some(kv) = &gw.kv else {
+        let err = ApiError::new(
+            ErrorClass::BadRequest,
+            "kv-aware routing is off (--router-policy kv-aware turns it on)",
+        );
+        return error_response(&err, Shape::OpenAi, "");
+    };
+    let snap = gw.registry.snapshot();
+    match snap.workers.get(&worker_id) {
+        Some(record) => axum::Json(kv.cache_view(record)).into_response(),
+        None => {
+            let err = ApiError::new(
+                ErrorClass::ModelNotFound,
+                format!("no worker {worker_id} is registered"),
+            )
+            .with_code("worker_not_found");
+            error_response(&err, Shape::OpenAi, "")
+        }
+    }
+}
+
 async fn health() -> Response {
     axum::Json(json!({"status": "ok"})).into_response()
 }
@@ -478,7 +526,15 @@ async fn ready(State(gw): State<Shared>) -> Response {
 }
 
 async fn metrics(State(gw): State<Shared>) -> Response {
-    let text = gw.metrics.render(&gw.registry.snapshot(), &gw.breakers);
+    let kv = gw.kv.as_ref().map(|k| {
+        let (active_blocks, indexed_blocks, bytes_per_block) = k.gauges();
+        KvGauges {
+            active_blocks,
+            indexed_blocks,
+            bytes_per_block,
+        }
+    });
+    let text = gw.metrics.render(&gw.registry.snapshot(), &gw.breakers, kv);
     (
         [(
             header::CONTENT_TYPE,

@@ -98,7 +98,8 @@ pub struct GatewayConfig {
     #[arg(long, env = "INFERA_ROUTER_MODE", value_enum, default_value_t = RouterMode::Auto)]
     pub router_mode: RouterMode,
 
-    /// Load-balancing policy.
+    /// Load-balancing policy. kv-aware sends each request to the worker holding most of
+    /// its prefix (from the engines' KV events), weighed against load.
     #[arg(long, env = "INFERA_ROUTER_POLICY", value_enum, default_value_t = PolicyArg::RoundRobin)]
     pub router_policy: PolicyArg,
 
@@ -159,6 +160,11 @@ pub struct GatewayConfig {
     #[arg(long, env = "INFERA_KV_DECODE_OVERLAP_WEIGHT", default_value_t = 2.0)]
     pub kv_decode_overlap_weight: f64,
 
+    /// kv-aware: ignore KV events and route on the router's own history of picks
+    /// (the approximate mode workers without events get anyway), for comparison.
+    #[arg(long, env = "INFERA_KV_APPROXIMATE")]
+    pub kv_approximate: bool,
+
     /// Retries on another worker before the first response byte.
     #[arg(long, env = "INFERA_REQUEST_MAX_RETRIES", default_value_t = 1)]
     pub request_max_retries: u32,
@@ -210,20 +216,35 @@ pub struct GatewayConfig {
 pub struct ConfigError(pub String);
 
 impl GatewayConfig {
-    /// The policy, or why it is not available.
-    pub fn policy(&self) -> Result<PolicyKind, ConfigError> {
+    /// The load-balancing policy used when routing is not kv-aware (and to order
+    /// candidates for failover).
+    pub fn policy(&self) -> PolicyKind {
         match self.router_policy {
-            PolicyArg::RoundRobin => Ok(PolicyKind::RoundRobin),
-            PolicyArg::Random => Ok(PolicyKind::Random),
-            PolicyArg::KvAware => Err(ConfigError(
-                "--router-policy kv-aware is not available yet in this gateway; use round-robin or random".into(),
-            )),
+            PolicyArg::Random => PolicyKind::Random,
+            PolicyArg::RoundRobin | PolicyArg::KvAware => PolicyKind::RoundRobin,
         }
+    }
+
+    /// Whether routing follows the engines' KV caches.
+    pub fn kv_aware(&self) -> bool {
+        self.router_policy == PolicyArg::KvAware
     }
 
     /// Checks flags that depend on each other or on capabilities not built yet.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.policy()?;
+        if self.kv_aware()
+            && self.kv_event_transport == KvEventTransport::Nats
+            && self.nats_server.is_none()
+        {
+            return Err(ConfigError(
+                "--kv-event-transport nats needs --nats-server URL".into(),
+            ));
+        }
+        if self.kv_overlap_weight.is_nan() || self.kv_overlap_weight < 0.0 {
+            return Err(ConfigError(
+                "--kv-overlap-weight must be zero or positive".into(),
+            ));
+        }
         if self.router_mode == RouterMode::Direct {
             return Err(ConfigError(
                 "--router-mode direct is not available yet in this gateway; use auto".into(),
@@ -309,12 +330,26 @@ mod tests {
 
     #[test]
     fn capabilities_not_built_yet_are_refused_with_a_reason() {
-        let cfg = GatewayConfig::try_parse_from(["g", "--router-policy", "kv-aware"]).unwrap();
+        let cfg = GatewayConfig::try_parse_from(["g", "--router-mode", "direct"]).unwrap();
         assert!(
             cfg.validate()
                 .unwrap_err()
                 .to_string()
                 .contains("not available yet")
+        );
+        let cfg = GatewayConfig::try_parse_from([
+            "g",
+            "--router-policy",
+            "kv-aware",
+            "--kv-event-transport",
+            "nats",
+        ])
+        .unwrap();
+        assert!(
+            cfg.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("--nats-server")
         );
         let cfg = GatewayConfig::try_parse_from(["g", "--discovery-backend", "static"]).unwrap();
         assert!(

@@ -4,7 +4,6 @@
 
 use crate::breaker::Breakers;
 use crate::metrics::Metrics;
-use crate::policy::Policy;
 use crate::registry::Target;
 use crate::router::build_attempt_candidates;
 use bytes::Bytes;
@@ -20,8 +19,6 @@ pub struct DispatchContext<'a> {
     pub client: &'a reqwest::Client,
     /// Breakers.
     pub breakers: &'a Breakers,
-    /// Policy.
-    pub policy: &'a Policy,
     /// Metrics.
     pub metrics: &'a Metrics,
     /// Retries after the first attempt.
@@ -50,9 +47,11 @@ fn body_for(target: &Target, body: &Map<String, Value>, retention: Retention) ->
     Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
 }
 
-/// Sends `body` to `path` on one of `candidates`, failing over before the first byte.
+/// Sends `body` to `path` on one of `candidates` (each attempt's target chosen by
+/// `choose` among the untried, available ones), failing over before the first byte.
 pub async fn dispatch(
     ctx: &DispatchContext<'_>,
+    choose: &(dyn Fn(&[&Target]) -> Option<usize> + Sync),
     candidates: &[Target],
     path: &str,
     body: &Map<String, Value>,
@@ -66,7 +65,7 @@ pub async fn dispatch(
         let options = build_attempt_candidates(candidates, &tried, |t| {
             ctx.breakers.is_available(&t.record.worker_id, now)
         });
-        let Some(index) = ctx.policy.pick(&options) else {
+        let Some(index) = choose(&options) else {
             break;
         };
         let target = options[index].clone();

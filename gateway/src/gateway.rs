@@ -2,9 +2,11 @@
 
 use crate::breaker::Breakers;
 use crate::config::{ConfigError, GatewayConfig};
+use crate::kv_router::KvRouter;
 use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::registry::Registry;
+use infera_prompt::PromptCodec;
 use infera_proto::retention::Retention;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -70,6 +72,8 @@ pub struct Gateway {
     pub default_retention: Retention,
     /// In-flight requests per worker.
     pub inflight: Arc<Inflight>,
+    /// kv-aware routing state (`--router-policy kv-aware`).
+    pub kv: Option<Arc<KvRouter>>,
 }
 
 /// Reads a keys file: one token per line, blank lines and `#` comments skipped.
@@ -109,16 +113,46 @@ impl Gateway {
         let breakers = Arc::new(Breakers::new(cfg.breaker()));
         let metrics = Arc::new(Metrics::default());
         let inflight = Arc::new(Inflight::default());
+        let kv = if cfg.kv_aware() {
+            let codec = match &cfg.router_tokenizer_path {
+                Some(path) => PromptCodec::load(path)
+                    .map_err(|e| ConfigError(format!("--router-tokenizer-path: {e}")))?,
+                None => {
+                    tracing::warn!(
+                        "kv-aware routing without --router-tokenizer-path tokenizes prompts as UTF-8 bytes \
+                         (what infera-sim does without a tokenizer); give real engines' tokenizer folder"
+                    );
+                    PromptCodec::bytes()
+                }
+            };
+            Some(KvRouter::new(
+                Arc::new(codec),
+                cfg.kv_overlap_weight,
+                cfg.kv_approximate,
+                metrics.clone(),
+            ))
+        } else {
+            None
+        };
         {
-            let (b, m, i) = (breakers.clone(), metrics.clone(), inflight.clone());
+            let (b, m, i, k) = (
+                breakers.clone(),
+                metrics.clone(),
+                inflight.clone(),
+                kv.clone(),
+            );
             registry.on_remove(move |worker| {
                 b.remove(worker);
                 m.remove_worker(worker);
                 i.remove(worker);
+                if let Some(k) = &k {
+                    k.remove_worker(worker);
+                }
             });
         }
         Ok(Arc::new(Self {
-            policy: Policy::new(cfg.policy()?),
+            policy: Policy::new(cfg.policy()),
+            kv,
             default_retention: cfg.default_retention.into(),
             cfg,
             registry,

@@ -8,7 +8,14 @@ use infera_gateway::registry::Registry;
 use infera_gateway::server::start_gateway;
 
 #[tokio::main]
-async fn main() -> Result<()> {
+async fn main() {
+    if let Err(e) = run().await {
+        eprintln!("infera-gateway: {e:#}");
+        std::process::exit(2);
+    }
+}
+
+async fn run() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

@@ -91,6 +91,20 @@ struct Inner {
     cache_control: BTreeMap<&'static str, u64>,
     discovery_events: BTreeMap<&'static str, u64>,
     rejected_records: BTreeMap<&'static str, u64>,
+    cache_hits: BTreeMap<String, u64>,
+    unhashed: BTreeMap<&'static str, u64>,
+    kv_events: BTreeMap<&'static str, u64>,
+}
+
+/// kv-aware gauges read at render time.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KvGauges {
+    /// Distinct in-flight blocks.
+    pub active_blocks: usize,
+    /// Blocks in the prefix index.
+    pub indexed_blocks: usize,
+    /// Heap bytes per indexed block.
+    pub bytes_per_block: f64,
 }
 
 /// The gateway's metrics.
@@ -168,13 +182,29 @@ impl Metrics {
         self.with(|m| *m.rejected_records.entry(reason).or_default() += 1);
     }
 
+    /// Leading cache hits of a kv-aware pick.
+    pub fn record_cache_hits(&self, role: &str, hits: usize) {
+        self.with(|m| *m.cache_hits.entry(role.to_owned()).or_default() += hits as u64);
+    }
+
+    /// A request routed on load only because it produced no block hashes.
+    pub fn record_unhashed(&self, reason: &'static str) {
+        self.with(|m| *m.unhashed.entry(reason).or_default() += 1);
+    }
+
+    /// A KV-event batch (or part of it) by outcome: `applied`, `undecodable`,
+    /// `unknown_parent`, `block_size_mismatch`, `gap`, ...
+    pub fn record_kv_event(&self, outcome: &'static str) {
+        self.with(|m| *m.kv_events.entry(outcome).or_default() += 1);
+    }
+
     /// Forgets a worker's labels.
     pub fn remove_worker(&self, worker_id: &str) {
         self.with(|m| m.picks.retain(|(_, w), _| w != worker_id));
     }
 
     /// The text exposition.
-    pub fn render(&self, snapshot: &Snapshot, breakers: &Breakers) -> String {
+    pub fn render(&self, snapshot: &Snapshot, breakers: &Breakers, kv: Option<KvGauges>) -> String {
         let mut out = String::new();
         let Ok(m) = self.inner.lock() else { return out };
         header(
@@ -266,6 +296,70 @@ impl Metrics {
         }
         header(
             &mut out,
+            "infera_router_pick_cache_hits",
+            "counter",
+            "Prefix blocks already cached on the picked worker, summed over kv-aware picks.",
+        );
+        for (role, n) in &m.cache_hits {
+            let _ = writeln!(out, "infera_router_pick_cache_hits{{role=\"{role}\"}} {n}");
+        }
+        if let Some(kv) = kv {
+            header(
+                &mut out,
+                "infera_policy_active_blocks",
+                "gauge",
+                "Distinct in-flight prefix blocks over all workers.",
+            );
+            let _ = writeln!(out, "infera_policy_active_blocks {}", kv.active_blocks);
+            header(
+                &mut out,
+                "infera_gateway_prefix_index_blocks",
+                "gauge",
+                "Blocks held in the prefix index.",
+            );
+            let _ = writeln!(
+                out,
+                "infera_gateway_prefix_index_blocks {}",
+                kv.indexed_blocks
+            );
+            header(
+                &mut out,
+                "infera_gateway_prefix_index_bytes_per_block",
+                "gauge",
+                "Approximate heap bytes per indexed block.",
+            );
+            let _ = writeln!(
+                out,
+                "infera_gateway_prefix_index_bytes_per_block {:.1}",
+                kv.bytes_per_block
+            );
+        }
+        header(
+            &mut out,
+            "infera_gateway_requests_without_blocks_total",
+            "counter",
+            "kv-aware requests routed on load only, by reason.",
+        );
+        for (reason, n) in &m.unhashed {
+            let _ = writeln!(
+                out,
+                "infera_gateway_requests_without_blocks_total{{reason=\"{reason}\"}} {n}"
+            );
+        }
+        header(
+            &mut out,
+            "infera_gateway_kv_events_total",
+            "counter",
+            "KV-event batches and skipped events, by outcome.",
+        );
+        for (outcome, n) in &m.kv_events {
+            let _ = writeln!(
+                out,
+                "infera_gateway_kv_events_total{{outcome=\"{outcome}\"}} {n}"
+            );
+        }
+        header(
+            &mut out,
             "infera_gateway_ttft_seconds",
             "histogram",
             "Time from request to the first response byte from the worker.",
@@ -322,7 +416,7 @@ mod tests {
         m.request_started("mixed");
         m.request_finished("mixed", Outcome::Ok, Instant::now());
         m.observe_ttft(0.003);
-        let text = m.render(&Snapshot::default(), &Breakers::default());
+        let text = m.render(&Snapshot::default(), &Breakers::default(), None);
         assert!(text.contains("infera_router_picks_total{role=\"mixed\",worker_id=\"a:1\"} 1\n"));
         assert!(text.contains("infera_request_inflight{router=\"mixed\"} 0\n"));
         assert!(text.contains(
@@ -333,7 +427,7 @@ mod tests {
         assert!(text.contains("infera_active_workers{disagg_mode=\"mixed\"} 0\n"));
         m.remove_worker("a:1");
         assert!(
-            !m.render(&Snapshot::default(), &Breakers::default())
+            !m.render(&Snapshot::default(), &Breakers::default(), None)
                 .contains("a:1")
         );
     }

@@ -96,6 +96,9 @@ pub enum Change {
     Updated,
     /// Same record as before (a heartbeat).
     Unchanged,
+    /// Refused: its tokenizer canary differs from the model's first worker's, so its
+    /// prompts tokenize differently and every prefix lookup would silently miss.
+    RejectedCanary,
 }
 
 type Listener = Box<dyn Fn(&str) + Send + Sync>;
@@ -105,6 +108,8 @@ pub struct Registry {
     snapshot: ArcSwap<Snapshot>,
     write: Mutex<()>,
     synced: watch::Sender<bool>,
+    version: watch::Sender<u64>,
+    canaries: Mutex<BTreeMap<String, Vec<u32>>>,
     on_remove: Mutex<Vec<Listener>>,
 }
 
@@ -123,6 +128,8 @@ impl Default for Registry {
             snapshot: ArcSwap::from_pointee(Snapshot::default()),
             write: Mutex::new(()),
             synced: watch::channel(false).0,
+            version: watch::channel(0).0,
+            canaries: Mutex::new(BTreeMap::new()),
             on_remove: Mutex::new(Vec::new()),
         }
     }
@@ -166,13 +173,53 @@ impl Registry {
             let mut workers = self.snapshot.load().workers.clone();
             removed = f(&mut workers);
             self.snapshot.store(Arc::new(Snapshot::build(workers)));
+            self.version.send_modify(|v| *v += 1);
         }
         self.notify_removed(&removed);
         removed
     }
 
+    /// A receiver that changes whenever the set of workers does.
+    pub fn subscribe_changes(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
+    /// The reference canary of `model`, set by its first worker that published one.
+    pub fn canary(&self, model: &str) -> Option<Vec<u32>> {
+        self.canaries.lock().ok()?.get(model).cloned()
+    }
+
+    fn check_canary(&self, record: &WorkerRecord) -> bool {
+        let Some(canary) = record
+            .kv
+            .as_ref()
+            .and_then(|kv| kv.tokenizer_canary.as_ref())
+        else {
+            return true;
+        };
+        let Ok(mut canaries) = self.canaries.lock() else {
+            return true;
+        };
+        let reference = canaries
+            .entry(record.model_name.clone())
+            .or_insert_with(|| canary.clone());
+        if reference == canary {
+            return true;
+        }
+        tracing::error!(
+            worker = %record.worker_id,
+            model = %record.model_name,
+            "worker refused: its tokenizer canary {canary:?} differs from the model's reference {reference:?}; \
+             its tokenizer (or chat template) differs from the other workers', so prefix routing would silently miss"
+        );
+        false
+    }
+
     /// Adds or replaces a worker.
     pub fn upsert(&self, record: WorkerRecord) -> Change {
+        if !self.check_canary(&record) {
+            return Change::RejectedCanary;
+        }
         if record.request_transport == RequestTransport::Nats {
             tracing::info!(
                 worker = %record.worker_id,
@@ -209,6 +256,10 @@ impl Registry {
 
     /// Replaces every worker (a full re-sync); returns the ids that left.
     pub fn replace_all(&self, records: Vec<WorkerRecord>) -> Vec<String> {
+        let records: Vec<WorkerRecord> = records
+            .into_iter()
+            .filter(|r| self.check_canary(r))
+            .collect();
         self.modify(|workers| {
             let fresh: BTreeMap<String, Arc<WorkerRecord>> = records
                 .into_iter()
@@ -290,9 +341,26 @@ mod tests {
         assert_eq!(reg.upsert(r2), Change::Updated);
         reg.upsert(mk_record("b:1", "m", DisaggMode::Mixed, 1));
         assert_eq!(reg.replace_all(vec![r]), vec!["b:1".to_owned()]);
+        let mut odd = mk_record("c:1", "m", DisaggMode::Mixed, 1);
+        let kv = |canary: Vec<u32>| {
+            serde_json::from_value(
+                serde_json::json!({"engine_block_size": 16, "tokenizer_canary": canary}),
+            )
+            .unwrap()
+        };
+        odd.kv = Some(kv(vec![1, 2, 3]));
+        assert_eq!(
+            reg.upsert(odd.clone()),
+            Change::Added,
+            "the first canary sets the reference"
+        );
+        let mut other = mk_record("d:1", "m", DisaggMode::Mixed, 1);
+        other.kv = Some(kv(vec![9, 9]));
+        assert_eq!(reg.upsert(other), Change::RejectedCanary);
+        assert!(reg.remove("c:1"));
         assert!(reg.remove("a:1"));
         assert!(!reg.remove("a:1"));
-        assert_eq!(removed.load(Ordering::SeqCst), 2);
+        assert_eq!(removed.load(Ordering::SeqCst), 3);
         assert!(reg.snapshot().workers.is_empty());
     }
 }

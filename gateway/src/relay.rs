@@ -28,6 +28,8 @@ pub struct RequestGuard {
     pub outcome: Outcome,
     /// Per-worker in-flight counter to release.
     pub inflight: Option<(Arc<crate::gateway::Inflight>, String)>,
+    /// kv-aware in-flight blocks, released on drop.
+    pub kv_charge: Option<crate::kv_router::KvCharge>,
 }
 
 impl RequestGuard {

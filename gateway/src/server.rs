@@ -3,10 +3,11 @@
 //! stops discovery.
 
 use crate::api::build_router;
-use crate::config::{ConfigError, DiscoveryBackend};
+use crate::config::{ConfigError, DiscoveryBackend, KvEventTransport};
 use crate::discovery::etcd::run_etcd_discovery;
 use crate::discovery::static_file::{load_worker_file, watch_worker_file};
 use crate::gateway::Gateway;
+use crate::kv_ingest::{run_nats_ingest, run_zmq_ingest};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -80,6 +81,7 @@ pub async fn start_gateway(
         }
         DiscoveryBackend::Kubernetes => {}
     }
+    spawn_kv_ingest(&gateway, &mut tasks, &stop_rx);
     let addr = listener
         .local_addr()
         .map_err(|e| ConfigError(e.to_string()))?;
@@ -92,6 +94,26 @@ pub async fn start_gateway(
     })
 }
 
+/// Starts KV-event ingestion when routing is kv-aware.
+fn spawn_kv_ingest(gateway: &Arc<Gateway>, tasks: &mut JoinSet<()>, stop: &watch::Receiver<bool>) {
+    let Some(kv) = gateway.kv.clone() else { return };
+    let (registry, metrics) = (gateway.registry.clone(), gateway.metrics.clone());
+    match (gateway.cfg.kv_event_transport, &gateway.cfg.nats_server) {
+        (KvEventTransport::Nats, Some(url)) => {
+            tasks.spawn(run_nats_ingest(
+                url.clone(),
+                registry,
+                kv,
+                metrics,
+                stop.clone(),
+            ));
+        }
+        _ => {
+            tasks.spawn(run_zmq_ingest(registry, kv, metrics, stop.clone()));
+        }
+    }
+}
+
 /// A gateway fed in-process (no discovery task): the caller upserts into its registry.
 pub async fn start_embedded(
     gateway: Arc<Gateway>,
@@ -99,6 +121,7 @@ pub async fn start_embedded(
 ) -> Result<RunningGateway, ConfigError> {
     let (stop, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
+    spawn_kv_ingest(&gateway, &mut tasks, &stop_rx);
     let addr = listener
         .local_addr()
         .map_err(|e| ConfigError(e.to_string()))?;

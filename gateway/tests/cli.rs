@@ -41,12 +41,30 @@ fn help_lists_the_earlier_servers_flags() {
 #[test]
 fn unavailable_settings_stop_startup_with_a_reason() {
     let out = Command::new(BIN)
-        .args(["--router-policy", "kv-aware", "--port", "0"])
+        .args(["--router-mode", "direct", "--port", "0"])
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8(out.stderr).unwrap();
-    assert!(err.contains("kv-aware is not available yet"), "{err}");
+    assert!(err.contains("direct is not available yet"), "{err}");
+    let out = Command::new(BIN)
+        .args([
+            "--router-policy",
+            "kv-aware",
+            "--router-tokenizer-path",
+            "/nonexistent/tok",
+            "--port",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8(out.stderr)
+            .unwrap()
+            .contains("--router-tokenizer-path"),
+        "a bad tokenizer path is named"
+    );
     let out = Command::new(BIN)
         .args(["--port", "0"])
         .env("INFERA_DISCOVERY_BACKEND", "static")

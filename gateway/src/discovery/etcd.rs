@@ -162,6 +162,9 @@ async fn sync_and_watch(
                     metrics.record_discovery("put");
                     if let Some(record) = decode_record(id, kv.value(), metrics) {
                         let change = registry.upsert(record);
+                        if change == crate::registry::Change::RejectedCanary {
+                            metrics.record_rejected_record("tokenizer_canary");
+                        }
                         tracing::debug!(worker = id, ?change, "worker record put");
                     }
                 }

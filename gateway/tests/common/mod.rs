@@ -22,8 +22,17 @@ use std::time::{Duration, Instant};
 
 pub const MODEL: &str = "fixture-model";
 
-/// A simulated worker, 50x faster than an H200.
+/// A simulated worker, `speedup` times faster than an H200.
 pub async fn start_sim(engine: EngineKind, speedup: f64) -> RunningWorker {
+    start_sim_with(engine, speedup, |_| {}).await
+}
+
+/// A simulated worker with its config adjusted by `adjust`.
+pub async fn start_sim_with(
+    engine: EngineKind,
+    speedup: f64,
+    adjust: impl FnOnce(&mut WorkerConfig),
+) -> RunningWorker {
     let codec = Arc::new(PromptCodec::bytes());
     let generator = Arc::new(build_generator(&codec));
     let cfg = WorkerConfig {
@@ -50,6 +59,8 @@ pub async fn start_sim(engine: EngineKind, speedup: f64) -> RunningWorker {
         startup_delay: Duration::ZERO,
         refuse_connections: false,
     };
+    let mut cfg = cfg;
+    adjust(&mut cfg);
     start_worker(cfg, codec, generator).await.unwrap()
 }
 

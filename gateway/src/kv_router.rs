@@ -1,0 +1,298 @@
+//! kv-aware routing state: the prefix index fed by KV events, the load state, and the
+//! request hashing that turns a prompt into the router's block chain at each candidate's
+//! block size. Decisions are the pure cost of [`crate::kv_policy`]; this module owns the
+//! shared state around them.
+
+use crate::kv_policy::LoadState;
+use crate::metrics::Metrics;
+use crate::prefix_index::{IndexSkip, PrefixIndex};
+use crate::registry::Target;
+use crate::validate::ApiKind;
+use infera_prompt::PromptCodec;
+use infera_proto::block_hash::compute_block_hashes;
+use infera_proto::kv_events::KvEventBatch;
+use infera_proto::worker::WorkerRecord;
+use serde_json::{Map, Value, json};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+
+/// Views grown from the router's own picks are capped at this many blocks (then reset).
+pub const APPROXIMATE_VIEW_CAP: usize = 1 << 20;
+
+/// A request's block hashes per block size, or why it has none.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RequestBlocks {
+    /// Hashes per block size.
+    pub by_size: HashMap<u32, Vec<u64>>,
+    /// Why hashing failed (the request is routed on load only).
+    pub skipped: Option<&'static str>,
+}
+
+impl RequestBlocks {
+    /// Hashes at `block_size` (empty when none).
+    pub fn at(&self, block_size: Option<u32>) -> &[u64] {
+        block_size
+            .and_then(|bs| self.by_size.get(&bs))
+            .map_or(&[], Vec::as_slice)
+    }
+}
+
+/// In-flight blocks charged to a target, released when the request ends.
+#[derive(Debug)]
+pub struct KvCharge {
+    router: Arc<KvRouter>,
+    target: String,
+    hashes: Vec<u64>,
+}
+
+impl Drop for KvCharge {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.router.state.lock() {
+            s.load.release(&self.target, &self.hashes);
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct KvState {
+    index: PrefixIndex,
+    load: LoadState,
+}
+
+/// The kv-aware router's shared state.
+#[derive(Debug)]
+pub struct KvRouter {
+    state: Mutex<KvState>,
+    codec: Arc<PromptCodec>,
+    /// `--kv-overlap-weight`.
+    pub weight: f64,
+    /// Use the router's own picks as every worker's view, ignoring KV events.
+    pub approximate_all: bool,
+    metrics: Arc<Metrics>,
+}
+
+/// The block size a target is hashed at.
+pub fn block_size_of(record: &WorkerRecord) -> Option<u32> {
+    record.kv_block_size.filter(|bs| *bs > 0)
+}
+
+/// Whether a worker's view comes from the router's own picks (it publishes no events).
+pub fn is_approximate(record: &WorkerRecord, approximate_all: bool) -> bool {
+    approximate_all
+        || record
+            .kv_events_endpoint
+            .as_deref()
+            .is_none_or(str::is_empty)
+}
+
+impl KvRouter {
+    /// A router hashing prompts with `codec`.
+    pub fn new(
+        codec: Arc<PromptCodec>,
+        weight: f64,
+        approximate_all: bool,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(KvState::default()),
+            codec,
+            weight,
+            approximate_all,
+            metrics,
+        })
+    }
+
+    /// The codec requests are tokenized with.
+    pub fn codec(&self) -> &PromptCodec {
+        &self.codec
+    }
+
+    /// Tokenizes a request as the engine will and hashes it once per distinct block size.
+    pub fn hash_request(
+        &self,
+        kind: ApiKind,
+        body: &Map<String, Value>,
+        block_sizes: &BTreeSet<u32>,
+    ) -> RequestBlocks {
+        let tokens = match self.request_tokens(kind, body) {
+            Ok(t) => t,
+            Err(reason) => {
+                self.metrics.record_unhashed(reason);
+                return RequestBlocks {
+                    by_size: HashMap::new(),
+                    skipped: Some(reason),
+                };
+            }
+        };
+        let by_size: HashMap<u32, Vec<u64>> = block_sizes
+            .iter()
+            .map(|bs| (*bs, compute_block_hashes(&tokens, *bs as usize)))
+            .collect();
+        let skipped = if block_sizes.is_empty() {
+            Some("no_block_size")
+        } else if by_size.values().all(Vec::is_empty) {
+            Some("shorter_than_a_block")
+        } else {
+            None
+        };
+        if let Some(reason) = skipped {
+            self.metrics.record_unhashed(reason);
+        }
+        RequestBlocks { by_size, skipped }
+    }
+
+    fn request_tokens(
+        &self,
+        kind: ApiKind,
+        body: &Map<String, Value>,
+    ) -> Result<Vec<u32>, &'static str> {
+        match kind {
+            ApiKind::Chat => self
+                .codec
+                .encode_chat(&Value::Object(body.clone()))
+                .map_err(|_| "template"),
+            ApiKind::Completions => match body.get("prompt") {
+                Some(Value::String(s)) => self.codec.encode_completion(s).map_err(|_| "tokenizer"),
+                Some(Value::Array(items)) if items.iter().all(Value::is_u64) => Ok(items
+                    .iter()
+                    .filter_map(|v| v.as_u64().and_then(|t| u32::try_from(t).ok()))
+                    .collect()),
+                Some(Value::Array(items)) if items.len() == 1 => match &items[0] {
+                    Value::String(s) => self.codec.encode_completion(s).map_err(|_| "tokenizer"),
+                    _ => Err("unsupported_prompt"),
+                },
+                _ => Err("batched_prompt"),
+            },
+        }
+    }
+
+    /// Index of the cheapest of `options`.
+    pub fn choose(
+        &self,
+        options: &[&Target],
+        blocks: &RequestBlocks,
+        weight: f64,
+    ) -> Option<usize> {
+        let state = self.state.lock().ok()?;
+        let scored: Vec<(&str, usize, usize)> = options
+            .iter()
+            .map(|t| {
+                let hashes = blocks.at(block_size_of(&t.record));
+                (
+                    t.key.as_str(),
+                    state.index.hits(&t.key, hashes),
+                    hashes.len(),
+                )
+            })
+            .collect();
+        // Candidates can differ in block size; compare in the first candidate's blocks.
+        let n = scored.iter().map(|s| s.2).max().unwrap_or(0);
+        let pairs: Vec<(&str, usize)> = scored
+            .iter()
+            .map(|(k, h, len)| (*k, h * n / (*len).max(1)))
+            .collect();
+        state.load.choose(&pairs, n, weight).map(|c| c.index)
+    }
+
+    /// Records that `target` was picked: decays and charges load, grows an approximate
+    /// view, logs the pick, and returns the in-flight charge.
+    pub fn commit(
+        self: &Arc<Self>,
+        target: &Target,
+        blocks: &RequestBlocks,
+        role: &str,
+    ) -> Option<KvCharge> {
+        let hashes = blocks.at(block_size_of(&target.record)).to_vec();
+        let mut state = self.state.lock().ok()?;
+        let hits = state.index.hits(&target.key, &hashes);
+        state.load.record_pick(&target.key, hashes.len(), hits);
+        state.load.charge(&target.key, &hashes);
+        if is_approximate(&target.record, self.approximate_all) {
+            let view = state.index.view_mut(&target.key);
+            if view.len() + hashes.len() > APPROXIMATE_VIEW_CAP {
+                *view = Default::default();
+            }
+            view.insert_router_blocks(&hashes);
+        }
+        drop(state);
+        self.metrics.record_cache_hits(role, hits);
+        tracing::debug!(
+            target: "infera_gateway::pick",
+            policy = "kv-aware",
+            worker = %target.key,
+            hits,
+            blocks = hashes.len(),
+            skipped = blocks.skipped.unwrap_or(""),
+            "pick"
+        );
+        Some(KvCharge {
+            router: self.clone(),
+            target: target.key.clone(),
+            hashes,
+        })
+    }
+
+    /// Applies a decoded batch to `target`; returns the skips.
+    pub fn apply_batch(
+        &self,
+        target: &str,
+        block_size: u32,
+        batch: &KvEventBatch,
+    ) -> Vec<IndexSkip> {
+        let Ok(mut state) = self.state.lock() else {
+            return Vec::new();
+        };
+        batch
+            .events
+            .iter()
+            .flat_map(|e| state.index.apply(target, block_size, e))
+            .collect()
+    }
+
+    /// Forgets a worker and its ranks.
+    pub fn remove_worker(&self, worker_id: &str) {
+        if let Ok(mut s) = self.state.lock() {
+            s.index.remove_worker(worker_id);
+            s.load.remove_target(worker_id);
+        }
+    }
+
+    /// Distinct in-flight blocks, index size and bytes per indexed block.
+    pub fn gauges(&self) -> (usize, usize, f64) {
+        self.state
+            .lock()
+            .map(|s| {
+                (
+                    s.load.total_active_blocks(),
+                    s.index.total_blocks(),
+                    s.index.bytes_per_block(),
+                )
+            })
+            .unwrap_or_default()
+    }
+
+    /// `/v1/admin/cache-view/<worker_id>`: blocks held per target of the worker.
+    pub fn cache_view(&self, record: &WorkerRecord) -> Value {
+        let Ok(state) = self.state.lock() else {
+            return Value::Null;
+        };
+        let targets: Vec<Value> = record
+            .route_targets()
+            .iter()
+            .map(|t| {
+                json!({
+                    "key": t.key,
+                    "blocks": state.index.view(&t.key).map_or(0, |v| v.len()),
+                    "active_blocks": state.load.active_blocks(&t.key),
+                    "load": state.load.load(&t.key),
+                })
+            })
+            .collect();
+        json!({
+            "worker_id": record.worker_id,
+            "kv_block_size": record.kv_block_size,
+            "source": if is_approximate(record, self.approximate_all) { "router picks (approximate)" } else { "kv events" },
+            "targets": targets,
+        })
+    }
+}
