@@ -57,6 +57,48 @@ CASES = {
     },
 }
 
+CALC_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "calculate",
+        "description": "Evaluate an arithmetic expression",
+        "parameters": {"type": "object", "properties": {"expr": {"type": "string", "description": "e.g. 2*(3+4)"}},
+                       "required": ["expr"]},
+    },
+}
+
+SYSTEMS = [None, "You are terse.", "Réponds en français. 日本語も可。", "Line one.\nLine two with \"quotes\" and \\ slashes."]
+USERS = ["Hi", "Explain KV caches in one line.", "Écris un haïku 🌸", "What is 2**10?", "Tab\tand newline\n inside"]
+
+
+def generated_cases():
+    """A grid of Qwen3 conversations: system prompts, turns, unicode, tools, thinking."""
+    cases = {}
+    n = 0
+    for si, system in enumerate(SYSTEMS):
+        for ui, user in enumerate(USERS):
+            msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+            if (si + ui) % 2 == 1:
+                msgs += [{"role": "assistant", "content": "Sure."}, {"role": "user", "content": user[::-1]}]
+            case = {"messages": msgs}
+            if (si + ui) % 3 == 0:
+                case["tools"] = [WEATHER_TOOL, CALC_TOOL]
+            if (si * 5 + ui) % 4 == 2:
+                case["messages"] = msgs + [
+                    {"role": "assistant", "content": "",
+                     "tool_calls": [{"type": "function", "function": {"name": "calculate", "arguments": {"expr": "2**10"}}}]},
+                    {"role": "tool", "content": "1024"},
+                ]
+                case["tools"] = [CALC_TOOL]
+            if (si + ui) % 5 == 4:
+                case["chat_template_kwargs"] = {"enable_thinking": False}
+            cases[f"grid_{n:02d}"] = case
+            n += 1
+    return cases
+
+
+CASES.update(generated_cases())
+
 # Which cases each model's template supports.
 MODEL_CASES = {
     "qwen3": list(CASES),
@@ -66,7 +108,8 @@ MODEL_CASES = {
 
 def render(tok, case):
     text = tok.apply_chat_template(case["messages"], tools=case.get("tools"),
-                                   add_generation_prompt=True, tokenize=False)
+                                   add_generation_prompt=True, tokenize=False,
+                                   **case.get("chat_template_kwargs", {}))
     ids = tok.encode(text, add_special_tokens=False)
     return {"text": text, "ids": ids}
 
