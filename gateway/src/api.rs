@@ -65,6 +65,14 @@ fn request_id(headers: &HeaderMap) -> String {
         .unwrap_or_else(|| format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)))
 }
 
+/// Returns the request id to the client.
+fn with_request_id(mut resp: Response, request_id: &str) -> Response {
+    if let Ok(v) = HeaderValue::from_str(request_id) {
+        resp.headers_mut().insert(REQUEST_ID_HEADER, v);
+    }
+    resp
+}
+
 fn error_response(err: &ApiError, shape: Shape, request_id: &str) -> Response {
     let status =
         StatusCode::from_u16(err.class.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -72,10 +80,7 @@ fn error_response(err: &ApiError, shape: Shape, request_id: &str) -> Response {
         Shape::OpenAi => err.to_openai_json(),
         Shape::Anthropic => err.to_anthropic_json(),
     };
-    let mut resp = (status, axum::Json(body)).into_response();
-    if let Ok(v) = HeaderValue::from_str(request_id) {
-        resp.headers_mut().insert(REQUEST_ID_HEADER, v);
-    }
+    let mut resp = with_request_id((status, axum::Json(body)).into_response(), request_id);
     if err.class == ErrorClass::RateLimited {
         resp.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -206,10 +211,7 @@ async fn openai(gw: Shared, kind: ApiKind, headers: HeaderMap, body: Body) -> Re
             if let Some(ct) = content_type {
                 resp.headers_mut().insert(header::CONTENT_TYPE, ct);
             }
-            if let Ok(v) = HeaderValue::from_str(&rid) {
-                resp.headers_mut().insert(REQUEST_ID_HEADER, v);
-            }
-            resp
+            with_request_id(resp, &rid)
         }
         Err(e) => error_response(&e, Shape::OpenAi, &rid),
     }
@@ -374,11 +376,10 @@ async fn messages(State(gw): State<Shared>, headers: HeaderMap, body: Body) -> R
         };
         guard.outcome = Outcome::Ok;
         drop(guard);
-        let mut resp = axum::Json(build_message_response(&chat_resp, &model)).into_response();
-        if let Ok(v) = HeaderValue::from_str(&rid) {
-            resp.headers_mut().insert(REQUEST_ID_HEADER, v);
-        }
-        return resp;
+        return with_request_id(
+            axum::Json(build_message_response(&chat_resp, &model)).into_response(),
+            &rid,
+        );
     }
     let worker = dispatched.target.record.worker_id.clone();
     let upstream = relay_body(
@@ -395,10 +396,7 @@ async fn messages(State(gw): State<Shared>, headers: HeaderMap, body: Body) -> R
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/event-stream"),
     );
-    if let Ok(v) = HeaderValue::from_str(&rid) {
-        resp.headers_mut().insert(REQUEST_ID_HEADER, v);
-    }
-    resp
+    with_request_id(resp, &rid)
 }
 
 /// Re-frames an OpenAI SSE byte stream as Anthropic events.

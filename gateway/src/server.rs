@@ -81,17 +81,7 @@ pub async fn start_gateway(
         }
         DiscoveryBackend::Kubernetes => {}
     }
-    spawn_kv_ingest(&gateway, &mut tasks, &stop_rx);
-    let addr = listener
-        .local_addr()
-        .map_err(|e| ConfigError(e.to_string()))?;
-    tasks.spawn(serve(listener, gateway.clone(), stop_rx));
-    Ok(RunningGateway {
-        addr,
-        gateway,
-        stop,
-        tasks,
-    })
+    finish_start(gateway, listener, stop, stop_rx, tasks)
 }
 
 /// Starts KV-event ingestion when routing is kv-aware.
@@ -120,7 +110,18 @@ pub async fn start_embedded(
     listener: TcpListener,
 ) -> Result<RunningGateway, ConfigError> {
     let (stop, stop_rx) = watch::channel(false);
-    let mut tasks = JoinSet::new();
+    let tasks = JoinSet::new();
+    finish_start(gateway, listener, stop, stop_rx, tasks)
+}
+
+/// Starts KV ingestion and the HTTP server: the part every way of starting shares.
+fn finish_start(
+    gateway: Arc<Gateway>,
+    listener: TcpListener,
+    stop: watch::Sender<bool>,
+    stop_rx: watch::Receiver<bool>,
+    mut tasks: JoinSet<()>,
+) -> Result<RunningGateway, ConfigError> {
     spawn_kv_ingest(&gateway, &mut tasks, &stop_rx);
     let addr = listener
         .local_addr()

@@ -24,6 +24,18 @@ pub use shared::{
     nats_client, nats_url, unique_name,
 };
 
+/// The test cache: `INFERA_TESTENV_CACHE`, else `~/.cache/infera-testenv` (built
+/// binaries, npm tokenizer packages, tool virtualenvs).
+pub fn cache_root() -> std::path::PathBuf {
+    std::env::var_os("INFERA_TESTENV_CACHE")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(|h| std::path::PathBuf::from(h).join(".cache/infera-testenv"))
+        })
+        .unwrap_or_else(|| std::env::temp_dir().join("infera-testenv"))
+}
+
 /// Why a test server could not be provided.
 #[derive(Debug, thiserror::Error)]
 pub enum TestEnvError {

