@@ -463,3 +463,47 @@ async fn shutdown_lets_open_streams_finish() {
         "no new connections after shutdown"
     );
 }
+
+#[tokio::test]
+async fn a_rank_multiplexed_worker_gets_each_rank_in_turn() {
+    let ranks = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = ranks.clone();
+    let app = axum::Router::new().route(
+        "/v1/completions",
+        post(move |headers: axum::http::HeaderMap| {
+            let seen = seen.clone();
+            async move {
+                let rank = headers
+                    .get("x-data-parallel-rank")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("none")
+                    .to_owned();
+                seen.lock().unwrap().push(rank);
+                axum::Json(json!({"choices": [{"text": "ok"}]}))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let mut record = record_for(addr, EngineKind::Sglang);
+    record.dp_size = 2;
+    let gw = embedded(vec![record], &[]).await;
+    let workers: Value = reqwest::get(gw_url(&gw, "/v1/workers"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(workers["workers"][0]["dp_size"], 2);
+    for _ in 0..4 {
+        let r = reqwest::Client::new()
+            .post(gw_url(&gw, "/v1/completions"))
+            .json(&json!({"model": MODEL, "prompt": "x"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    assert_eq!(*ranks.lock().unwrap(), vec!["0", "1", "0", "1"]);
+}
