@@ -1,7 +1,8 @@
 //! Per-worker circuit breakers (pure: time is passed in).
 //!
 //! A worker's breaker opens after `threshold` consecutive faults (5xx, unreachable,
-//! timeout, broken stream); 4xx and 429 never count. While open it takes no traffic
+//! timeout, broken stream); 4xx and 429 never count as faults (a worker that answers
+//! them is alive, so they close a half-open breaker). While open it takes no traffic
 //! until its cooldown passes; then one half-open probe is let through: success closes
 //! it, failure reopens it with the cooldown doubled (up to `max_cooldown`). If every
 //! candidate is open the router dispatches anyway (see `router`).
@@ -75,6 +76,7 @@ pub struct Breaker {
     failures: u32,
     cooldown: Duration,
     trips: u64,
+    probe_started: Option<Instant>,
 }
 
 impl Breaker {
@@ -84,13 +86,20 @@ impl Breaker {
             failures: 0,
             cooldown: cfg.cooldown,
             trips: 0,
+            probe_started: None,
         }
     }
 
-    /// Current state at `now` (an expired open breaker reads as half-open).
+    /// Current state at `now`: an expired open breaker reads as half-open, and so does
+    /// a probe with no verdict after a cooldown (its request was cancelled).
     pub fn state(&self, now: Instant) -> BreakerState {
         match self.state {
             BreakerState::Open { until } if now >= until => {
+                BreakerState::HalfOpen { probing: false }
+            }
+            BreakerState::HalfOpen { probing: true }
+                if self.probe_started.is_some_and(|t| now >= t + self.cooldown) =>
+            {
                 BreakerState::HalfOpen { probing: false }
             }
             s => s,
@@ -104,6 +113,7 @@ impl Breaker {
             BreakerState::Open { .. } | BreakerState::HalfOpen { probing: true } => false,
             BreakerState::HalfOpen { probing: false } => {
                 self.state = BreakerState::HalfOpen { probing: true };
+                self.probe_started = Some(now);
                 true
             }
         }
@@ -282,6 +292,23 @@ mod tests {
                 until: t15 + Duration::from_secs(12)
             },
             "capped"
+        );
+    }
+
+    #[test]
+    fn a_probe_without_verdict_is_retried_after_a_cooldown() {
+        let t0 = Instant::now();
+        let mut b = Breaker::new(&CFG);
+        for _ in 0..3 {
+            b.on_failure(&CFG, t0);
+        }
+        let t5 = t0 + Duration::from_secs(5);
+        assert!(b.try_acquire(t5));
+        // The probe's client went away: no success, no failure.
+        assert!(!b.try_acquire(t5 + Duration::from_secs(4)));
+        assert!(
+            b.try_acquire(t5 + Duration::from_secs(5)),
+            "a lost probe does not wedge the worker"
         );
     }
 

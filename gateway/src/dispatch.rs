@@ -108,9 +108,8 @@ pub async fn dispatch(
                 }
             }
             Ok(Ok(response)) => {
-                if response.status().is_success() {
-                    ctx.breakers.on_success(&worker);
-                }
+                // Any answer below 500 shows the worker is up (4xx never count as faults).
+                ctx.breakers.on_success(&worker);
                 return Ok(Dispatched { response, target });
             }
         }
