@@ -170,12 +170,15 @@ pub fn overlap_weight_factor(hint: Option<Retention>) -> f64 {
 /// Writes `retention` into an engine-bound request body the way that engine reads it.
 /// A value the client set itself is never overwritten.
 ///
-/// - vLLM and ATOM: `kv_transfer_params.infera_retention`.
+/// - vLLM: `kv_transfer_params.infera_retention`.
+/// - ATOM: nothing (as the earlier router did).
 /// - SGLang: `priority` (none 0, ephemeral 25, short 50, long 100) and `infera_retention`.
 pub fn apply_retention(body: &mut Map<String, Value>, engine: EngineKind, retention: Retention) {
     let name = Value::from(retention.as_str());
     match engine {
-        EngineKind::Vllm | EngineKind::Atom => {
+        // The earlier router forwarded nothing to ATOM, whose server ignores the field.
+        EngineKind::Atom => {}
+        EngineKind::Vllm => {
             let params = body
                 .entry("kv_transfer_params")
                 .or_insert_with(|| Value::Object(Map::new()));
@@ -325,8 +328,8 @@ mod tests {
             r#"{"priority":0,"infera_retention":"none"}"#
         );
         assert_eq!(
-            forwarded(EngineKind::Atom, json!({}), Retention::Long),
-            r#"{"kv_transfer_params":{"infera_retention":"long"}}"#
+            forwarded(EngineKind::Atom, json!({"model": "m"}), Retention::Long),
+            r#"{"model":"m"}"#
         );
     }
 
