@@ -1,0 +1,255 @@
+//! The sidecar's command line, shaped like the earlier launchers':
+//! `infera-engine-sidecar <vllm|sglang|atom|sim> [infera flags] [engine flags]`. Infera
+//! flags are matched by their exact names (never by prefix); every other argument goes to
+//! the engine verbatim. Each infera flag has an `INFERA_*` environment variable
+//! (flag > environment > default).
+
+use std::time::Duration;
+use thiserror::Error;
+
+/// Which engine the sidecar runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineArg {
+    /// vLLM.
+    Vllm,
+    /// SGLang.
+    Sglang,
+    /// ATOM.
+    Atom,
+    /// `infera-sim` (its `--engine` flag says which engine it imitates).
+    Sim,
+}
+
+/// The sidecar's own settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SidecarArgs {
+    /// Engine kind.
+    pub engine: EngineArg,
+    /// etcd endpoints.
+    pub etcd_endpoints: Vec<String>,
+    /// etcd prefix.
+    pub etcd_prefix: String,
+    /// Host other machines reach the engine at.
+    pub advertise_host: String,
+    /// Longest drain.
+    pub drain_timeout: Duration,
+    /// Lease TTL (30 s by contract; shorter for tests).
+    pub lease_ttl: Duration,
+    /// Longest wait for the engine's `/health`.
+    pub health_timeout: Duration,
+    /// Publish KV events (engines get a KV-event endpoint).
+    pub enable_kv_events: bool,
+    /// Program to run for `sim` (default `infera-sim` on PATH).
+    pub sim_binary: String,
+    /// Port of the sidecar's own `/health` and `/metrics` (0: none).
+    pub status_port: u16,
+    /// Everything else, for the engine.
+    pub engine_args: Vec<String>,
+}
+
+/// A command line that cannot work.
+#[derive(Debug, Error, PartialEq)]
+pub enum CliError {
+    /// No engine kind.
+    #[error(
+        "usage: infera-engine-sidecar <vllm|sglang|atom|sim> [infera flags] [engine flags]\n\n{USAGE}"
+    )]
+    Usage,
+    /// Unknown engine kind.
+    #[error("unknown engine {0:?}: expected vllm, sglang, atom or sim")]
+    UnknownEngine(String),
+    /// A flag lacks its value.
+    #[error("{0} needs a value")]
+    MissingValue(&'static str),
+    /// A value does not parse.
+    #[error("{flag}: {message}")]
+    BadValue {
+        /// Flag.
+        flag: &'static str,
+        /// Why.
+        message: String,
+    },
+    /// `--help`.
+    #[error("{USAGE}")]
+    Help,
+}
+
+/// `--help` text.
+pub const USAGE: &str = "Infera flags (each also as the environment variable in brackets):
+  --etcd-endpoint URL[,URL]   etcd to register in [INFERA_ETCD_ENDPOINT] (http://127.0.0.1:2379)
+  --etcd-prefix PREFIX        key prefix of worker records [INFERA_ETCD_PREFIX] (/infera/workers/)
+  --advertise-host HOST       host the gateway reaches the engine at [INFERA_ADVERTISE_HOST] (127.0.0.1)
+  --drain-timeout SECONDS     longest wait for in-flight requests on shutdown [INFERA_DRAIN_TIMEOUT] (60)
+  --lease-ttl SECONDS         etcd lease TTL; keepalive every third of it [INFERA_LEASE_TTL] (30)
+  --health-timeout SECONDS    longest wait for the engine to load [INFERA_HEALTH_TIMEOUT] (1800)
+  --enable-kv-events / --no-enable-kv-events   give the engine a KV-event endpoint [INFERA_ENABLE_KV_EVENTS] (on)
+  --sim-binary PATH           program for `sim` [INFERA_SIM_BINARY] (infera-sim)
+  --status-port PORT          the sidecar's own /health and /metrics [INFERA_STATUS_PORT] (off)
+Every other argument goes to the engine unchanged; the engine's --port builds the worker URL.";
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+fn seconds(flag: &'static str, v: &str) -> Result<Duration, CliError> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| CliError::BadValue {
+            flag,
+            message: format!("{v:?} is not a positive number of seconds"),
+        })
+}
+
+/// Parses the arguments after the program name.
+pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
+    let Some(first) = args.first() else {
+        return Err(CliError::Usage);
+    };
+    if first == "--help" || first == "-h" {
+        return Err(CliError::Help);
+    }
+    let engine = match first.as_str() {
+        "vllm" => EngineArg::Vllm,
+        "sglang" => EngineArg::Sglang,
+        "atom" => EngineArg::Atom,
+        "sim" => EngineArg::Sim,
+        other => return Err(CliError::UnknownEngine(other.to_owned())),
+    };
+    let mut values: Vec<(&'static str, String)> = Vec::new();
+    let mut kv_events: Option<bool> = None;
+    let mut engine_args = Vec::new();
+    const VALUED: [&str; 8] = [
+        "--etcd-endpoint",
+        "--etcd-prefix",
+        "--advertise-host",
+        "--drain-timeout",
+        "--lease-ttl",
+        "--health-timeout",
+        "--sim-binary",
+        "--status-port",
+    ];
+    let mut it = args[1..].iter();
+    while let Some(arg) = it.next() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) => (n, Some(v.to_owned())),
+            None => (arg.as_str(), None),
+        };
+        if let Some(flag) = VALUED.iter().find(|f| **f == name) {
+            let value = match inline {
+                Some(v) => v,
+                None => it.next().cloned().ok_or(CliError::MissingValue(flag))?,
+            };
+            values.push((flag, value));
+        } else if arg == "--enable-kv-events" {
+            kv_events = Some(true);
+        } else if arg == "--no-enable-kv-events" {
+            kv_events = Some(false);
+        } else if arg == "--help" {
+            return Err(CliError::Help);
+        } else {
+            engine_args.push(arg.clone());
+        }
+    }
+    let get = |flag: &str, env: &str, default: &str| {
+        values
+            .iter()
+            .rev()
+            .find(|(f, _)| *f == flag)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| env_or(env, default))
+    };
+    let etcd_endpoints = get(
+        "--etcd-endpoint",
+        "INFERA_ETCD_ENDPOINT",
+        "http://127.0.0.1:2379",
+    )
+    .split(',')
+    .map(str::trim)
+    .filter(|e| !e.is_empty())
+    .map(str::to_owned)
+    .collect();
+    let enable_kv_events = match kv_events {
+        Some(b) => b,
+        None => !matches!(
+            env_or("INFERA_ENABLE_KV_EVENTS", "1").as_str(),
+            "0" | "false" | "no"
+        ),
+    };
+    let status_port = get("--status-port", "INFERA_STATUS_PORT", "0");
+    Ok(SidecarArgs {
+        engine,
+        etcd_endpoints,
+        etcd_prefix: get(
+            "--etcd-prefix",
+            "INFERA_ETCD_PREFIX",
+            infera_proto::discovery::DEFAULT_ETCD_PREFIX,
+        ),
+        advertise_host: get("--advertise-host", "INFERA_ADVERTISE_HOST", "127.0.0.1"),
+        drain_timeout: seconds(
+            "--drain-timeout",
+            &get("--drain-timeout", "INFERA_DRAIN_TIMEOUT", "60"),
+        )?,
+        lease_ttl: seconds("--lease-ttl", &get("--lease-ttl", "INFERA_LEASE_TTL", "30"))?,
+        health_timeout: seconds(
+            "--health-timeout",
+            &get("--health-timeout", "INFERA_HEALTH_TIMEOUT", "1800"),
+        )?,
+        enable_kv_events,
+        sim_binary: get("--sim-binary", "INFERA_SIM_BINARY", "infera-sim"),
+        status_port: status_port.parse().map_err(|_| CliError::BadValue {
+            flag: "--status-port",
+            message: format!("{status_port:?} is not a port"),
+        })?,
+        engine_args,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn infera_flags_are_exact_and_the_rest_goes_to_the_engine() {
+        let a = parse_args(&args(
+            "sglang --etcd-endpoint http://e:1,http://e:2 --advertise-host 10.0.0.5 --model-path /m --port 30000 \
+             --etcd-prefix-extra x --no-enable-kv-events --drain-timeout=5",
+        ))
+        .unwrap();
+        assert_eq!(a.engine, EngineArg::Sglang);
+        assert_eq!(a.etcd_endpoints, vec!["http://e:1", "http://e:2"]);
+        assert_eq!(a.advertise_host, "10.0.0.5");
+        assert!(!a.enable_kv_events);
+        assert_eq!(a.drain_timeout, Duration::from_secs(5));
+        // No prefix matching: --etcd-prefix-extra is an engine flag.
+        assert_eq!(
+            a.engine_args,
+            args("--model-path /m --port 30000 --etcd-prefix-extra x")
+        );
+    }
+
+    #[test]
+    fn errors_say_what_to_change() {
+        assert_eq!(parse_args(&[]), Err(CliError::Usage));
+        assert_eq!(
+            parse_args(&args("tgi")),
+            Err(CliError::UnknownEngine("tgi".into()))
+        );
+        assert_eq!(
+            parse_args(&args("vllm --etcd-prefix")),
+            Err(CliError::MissingValue("--etcd-prefix"))
+        );
+        assert!(matches!(
+            parse_args(&args("vllm --lease-ttl 0")),
+            Err(CliError::BadValue {
+                flag: "--lease-ttl",
+                ..
+            })
+        ));
+    }
+}

@@ -1,0 +1,17 @@
+//! `infera-engine-sidecar`: runs beside an inference engine. In launch mode it starts
+//! the engine (vLLM, SGLang, ATOM or `infera-sim`) with the flags the user gave plus what
+//! routing needs, waits until it is healthy, registers its worker record in etcd under a
+//! lease kept alive for as long as the engine runs, and on SIGTERM deregisters first,
+//! drains in-flight requests, then stops the engine.
+//!
+//! - [`cli`]: the launcher-style command line; [`engine_args`]: facts read from the
+//!   engine's flags; [`prepare`]: the argv and env the engine is launched with.
+//! - [`engine`]: the engine process (health, page size, load, stop).
+//! - [`record`]: the worker record; [`registration`]: lease, keepalive, re-registration.
+
+pub mod cli;
+pub mod engine;
+pub mod engine_args;
+pub mod prepare;
+pub mod record;
+pub mod registration;

@@ -1,0 +1,162 @@
+//! Preparing the engine's command line and environment (pure): what the sidecar adds to
+//! the user's flags before launching, each addition logged. Set-if-unset throughout: a
+//! flag or variable the user gave always wins.
+
+use crate::cli::EngineArg;
+use crate::engine_args::flag_value;
+
+/// A prepared launch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreparedEngine {
+    /// Program.
+    pub program: String,
+    /// Arguments.
+    pub args: Vec<String>,
+    /// Environment additions.
+    pub env: Vec<(String, String)>,
+    /// What was added and why, for the log.
+    pub notes: Vec<String>,
+}
+
+/// Builds the launch for `engine` with the user's `args`; `kv_events_port` is the free
+/// port chosen for KV events when they are on and the user gave no config.
+pub fn prepare_engine(
+    engine: EngineArg,
+    args: &[String],
+    sim_binary: &str,
+    kv_events_port: Option<u16>,
+    gid_index: Option<u32>,
+) -> PreparedEngine {
+    let (program, mut full): (String, Vec<String>) = match engine {
+        EngineArg::Vllm => ("vllm".into(), vec!["serve".into()]),
+        EngineArg::Sglang => (
+            "python3".into(),
+            vec!["-m".into(), "sglang.launch_server".into()],
+        ),
+        EngineArg::Atom => (
+            "python3".into(),
+            vec!["-m".into(), "atom.entrypoints.openai_server".into()],
+        ),
+        EngineArg::Sim => (sim_binary.to_owned(), Vec::new()),
+    };
+    full.extend(args.iter().cloned());
+    let mut notes = Vec::new();
+    let mut add = |full: &mut Vec<String>, flag: &str, value: Option<String>, why: &str| {
+        if flag_value(full, &[flag]).is_none() && !full.iter().any(|a| a == flag) {
+            full.push(flag.to_owned());
+            if let Some(v) = value {
+                full.push(v);
+            }
+            notes.push(format!("added {flag}: {why}"));
+        }
+    };
+    if let Some(port) = kv_events_port {
+        let config =
+            format!(r#"{{"publisher":"zmq","endpoint":"tcp://*:{port}","topic":"kv-events"}}"#);
+        add(
+            &mut full,
+            "--kv-events-config",
+            Some(config),
+            "KV events for kv-aware routing",
+        );
+    }
+    if matches!(engine, EngineArg::Vllm | EngineArg::Sglang) {
+        add(
+            &mut full,
+            "--kv-cache-dtype",
+            Some("fp8".into()),
+            "fp8 KV cache, as the earlier launchers chose",
+        );
+    }
+    if engine == EngineArg::Sglang {
+        add(
+            &mut full,
+            "--enable-metrics",
+            None,
+            "the sidecar reads the engine's load from /metrics",
+        );
+    }
+    let mut env = Vec::new();
+    if let Some(gid) = gid_index {
+        for name in ["MC_GID_INDEX", "NCCL_IB_GID_INDEX", "MORI_IB_GID_INDEX"] {
+            if std::env::var_os(name).is_none() {
+                env.push((name.to_owned(), gid.to_string()));
+                notes.push(format!("set {name}={gid} (RoCEv2 GID index)"));
+            }
+        }
+    }
+    PreparedEngine {
+        program,
+        args: full,
+        env,
+        notes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn vllm_gets_kv_events_and_fp8_unless_given() {
+        let p = prepare_engine(
+            EngineArg::Vllm,
+            &args("/m --port 8000"),
+            "infera-sim",
+            Some(5557),
+            Some(3),
+        );
+        assert_eq!(p.program, "vllm");
+        assert_eq!(
+            p.args,
+            vec![
+                "serve",
+                "/m",
+                "--port",
+                "8000",
+                "--kv-events-config",
+                r#"{"publisher":"zmq","endpoint":"tcp://*:5557","topic":"kv-events"}"#,
+                "--kv-cache-dtype",
+                "fp8"
+            ]
+        );
+        assert!(
+            p.env
+                .contains(&("NCCL_IB_GID_INDEX".to_owned(), "3".to_owned()))
+        );
+        let user = prepare_engine(
+            EngineArg::Vllm,
+            &args("/m --kv-cache-dtype auto"),
+            "x",
+            None,
+            None,
+        );
+        assert_eq!(
+            user.args,
+            args("serve /m --kv-cache-dtype auto"),
+            "the user's choice wins"
+        );
+    }
+
+    #[test]
+    fn sglang_and_sim() {
+        let p = prepare_engine(EngineArg::Sglang, &args("--model-path /m"), "x", None, None);
+        assert_eq!(
+            p.args,
+            args("-m sglang.launch_server --model-path /m --kv-cache-dtype fp8 --enable-metrics")
+        );
+        let s = prepare_engine(
+            EngineArg::Sim,
+            &args("--port 9"),
+            "/bin/infera-sim",
+            Some(7000),
+            None,
+        );
+        assert_eq!(s.program, "/bin/infera-sim");
+        assert_eq!(s.args[..2], args("--port 9")[..]);
+    }
+}

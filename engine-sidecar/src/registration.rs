@@ -1,0 +1,148 @@
+//! Keeping the worker record in etcd under a lease: grant, put, keep alive every third
+//! of the TTL, and register again whenever the lease is gone (expired, revoked, or etcd
+//! lost its data). Deregistration revokes the lease, so the key disappears at once.
+
+use etcd_client::{Client, ConnectOptions, PutOptions};
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Registration state, for logs and the sidecar's own status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RegistrationState {
+    /// The record is in etcd under a live lease.
+    pub registered: bool,
+    /// Times the record was (re)registered.
+    pub registrations: u64,
+}
+
+/// Why a registration round ended.
+#[derive(Debug, thiserror::Error)]
+#[error("etcd {action}: {source}")]
+pub struct RegisterError {
+    action: &'static str,
+    #[source]
+    source: etcd_client::Error,
+}
+
+fn call(action: &'static str) -> impl FnOnce(etcd_client::Error) -> RegisterError {
+    move |source| RegisterError { action, source }
+}
+
+/// What to register where.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    /// etcd endpoints.
+    pub endpoints: Vec<String>,
+    /// Key.
+    pub key: String,
+    /// Record JSON.
+    pub value: String,
+    /// Lease TTL.
+    pub ttl: Duration,
+}
+
+/// Keeps the record registered until `stop` turns true, then revokes the lease.
+pub async fn run_registration(
+    reg: Registration,
+    state: watch::Sender<RegistrationState>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let lease: Mutex<Option<i64>> = Mutex::new(None);
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        let result = tokio::select! {
+            r = keep_registered(&reg, &state, &lease) => r,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        state.send_modify(|s| s.registered = false);
+        if let Err(e) = result {
+            tracing::warn!("registration of {}: {e}; retrying in {backoff:?}", reg.key);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(10));
+    }
+    let current = lease.lock().ok().and_then(|mut l| l.take());
+    if let Some(lease) = current {
+        deregister(&reg, lease).await;
+    }
+    state.send_modify(|s| s.registered = false);
+}
+
+async fn connect(endpoints: &[String]) -> Result<Client, RegisterError> {
+    let options = ConnectOptions::new().with_connect_timeout(Duration::from_secs(3));
+    Client::connect(endpoints, Some(options))
+        .await
+        .map_err(call("connect"))
+}
+
+/// Registers once and keeps the lease alive; returns `Ok` when the lease is gone.
+async fn keep_registered(
+    reg: &Registration,
+    state: &watch::Sender<RegistrationState>,
+    current: &Mutex<Option<i64>>,
+) -> Result<(), RegisterError> {
+    let mut client = connect(&reg.endpoints).await?;
+    let ttl_secs = reg.ttl.as_secs().max(1) as i64;
+    let lease = client
+        .lease_grant(ttl_secs, None)
+        .await
+        .map_err(call("lease grant"))?
+        .id();
+    if let Ok(mut l) = current.lock() {
+        *l = Some(lease);
+    }
+    client
+        .put(
+            reg.key.as_str(),
+            reg.value.as_str(),
+            Some(PutOptions::new().with_lease(lease)),
+        )
+        .await
+        .map_err(call("put"))?;
+    state.send_modify(|s| {
+        s.registered = true;
+        s.registrations += 1;
+    });
+    tracing::info!(
+        "registered {} under lease {lease:x} (ttl {ttl_secs}s)",
+        reg.key
+    );
+    let (mut keeper, mut responses) = client
+        .lease_keep_alive(lease)
+        .await
+        .map_err(call("keepalive"))?;
+    let interval = reg.ttl / 3;
+    loop {
+        tokio::time::sleep(interval).await;
+        keeper.keep_alive().await.map_err(call("keepalive"))?;
+        match responses.message().await.map_err(call("keepalive"))? {
+            Some(resp) if resp.ttl() > 0 => {}
+            _ => {
+                tracing::warn!("lease {lease:x} of {} is gone; registering again", reg.key);
+                return Ok(());
+            }
+        }
+    }
+}
+
+async fn deregister(reg: &Registration, lease: i64) {
+    let result = match connect(&reg.endpoints).await {
+        Ok(mut client) => client
+            .lease_revoke(lease)
+            .await
+            .map(|_| ())
+            .map_err(call("lease revoke")),
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(()) => tracing::info!("deregistered {} (lease {lease:x} revoked)", reg.key),
+        Err(e) => tracing::warn!(
+            "deregistering {}: {e}; the key expires with its TTL",
+            reg.key
+        ),
+    }
+}

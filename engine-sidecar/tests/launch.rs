@@ -1,0 +1,252 @@
+//! The sidecar launching `infera-sim` exactly as it would launch a real engine, with
+//! real etcd: the record it registers, a gateway routing to it with nothing but etcd's
+//! address, re-registration after its lease is revoked, deregistration before the engine
+//! stops on SIGTERM, and a lease that expires when the sidecar is killed.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use infera_proto::discovery::build_worker_key;
+use infera_proto::worker::WorkerRecord;
+use infera_testkit::process::{ServerProcess, free_port};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const SIDECAR: &str = env!("CARGO_BIN_EXE_infera-engine-sidecar");
+
+/// `target/<profile>/infera-sim`, built by `cargo test --workspace` (the README's test
+/// command); `cargo build -p infera-sim` when running this crate's tests alone.
+fn sim_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("infera-sim");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build -p infera-sim` first",
+        bin.display()
+    );
+    bin
+}
+
+struct Launched {
+    sidecar: ServerProcess,
+    key: String,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+async fn launch(prefix: &str, ttl: &str) -> Launched {
+    let etcd = infera_testkit::etcd_endpoint().await.unwrap();
+    let port = free_port().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let args: Vec<String> = [
+        "sim",
+        "--etcd-endpoint",
+        &etcd,
+        "--etcd-prefix",
+        prefix,
+        "--advertise-host",
+        "127.0.0.1",
+        "--lease-ttl",
+        ttl,
+        "--drain-timeout",
+        "10",
+        "--sim-binary",
+        sim_binary().to_str().unwrap(),
+        "fixture/model",
+        "--served-model-name",
+        "fixture-model",
+        "--port",
+        &port.to_string(),
+        "--engine",
+        "vllm",
+        "--speedup",
+        "20",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let sidecar =
+        ServerProcess::start(Path::new(SIDECAR), &args, &dir.path().join("sidecar.log")).unwrap();
+    Launched {
+        sidecar,
+        key: build_worker_key(prefix, &format!("127.0.0.1:{port}")),
+        port,
+        _dir: dir,
+    }
+}
+
+async fn wait_key(
+    key: &str,
+    present: bool,
+    within: Duration,
+    sidecar: &mut ServerProcess,
+) -> Option<WorkerRecord> {
+    let mut etcd = infera_testkit::etcd_client().await.unwrap();
+    let deadline = Instant::now() + within;
+    loop {
+        let resp = etcd.get(key, None).await.unwrap();
+        match (resp.kvs().first(), present) {
+            (Some(kv), true) => return Some(WorkerRecord::from_json(kv.value()).unwrap()),
+            (None, false) => return None,
+            _ => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "key {key} present={present} not reached; sidecar log:\n{}",
+            sidecar.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn health_ok(port: u16) -> bool {
+    std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+}
+
+#[tokio::test]
+async fn registers_serves_reregisters_and_deregisters_before_stopping() {
+    let prefix = format!(
+        "/infera-test/{}/workers/",
+        infera_testkit::unique_name("sidecar")
+    );
+    let mut l = launch(&prefix, "3").await;
+    let record = wait_key(&l.key, true, Duration::from_secs(60), &mut l.sidecar)
+        .await
+        .unwrap();
+    assert_eq!(record.worker_id, format!("127.0.0.1:{}", l.port));
+    assert_eq!(record.url, format!("http://127.0.0.1:{}", l.port));
+    assert_eq!(record.model_name, "fixture-model");
+    assert_eq!(record.engine.as_str(), "vllm");
+    assert_eq!(
+        record.kv_block_size,
+        Some(16),
+        "read from the engine's cache_config_info metric"
+    );
+    assert!(
+        record
+            .kv_events_endpoint
+            .as_deref()
+            .is_some_and(|e| e.starts_with("tcp://127.0.0.1:"))
+    );
+
+    // A gateway given nothing but etcd's address (and the prefix) routes to it.
+    let etcd = infera_testkit::etcd_endpoint().await.unwrap();
+    let cfg = <infera_gateway::config::GatewayConfig as clap::Parser>::try_parse_from([
+        "g",
+        "--etcd-endpoint",
+        &etcd,
+        "--etcd-prefix",
+        &prefix,
+    ])
+    .unwrap();
+    let gw = infera_gateway::gateway::Gateway::new(cfg, infera_gateway::registry::Registry::new())
+        .unwrap();
+    let gw = infera_gateway::server::start_gateway(
+        gw,
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    )
+    .await
+    .unwrap();
+    let body = serde_json::json!({"model": "fixture-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = reqwest::Client::new()
+            .post(format!("http://{}/v1/chat/completions", gw.addr))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the gateway never routed to the sidecar's engine"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The lease disappears (as when etcd loses its data): the sidecar registers again.
+    let mut etcd_client = infera_testkit::etcd_client().await.unwrap();
+    let lease = etcd_client.get(l.key.as_str(), None).await.unwrap().kvs()[0].lease();
+    etcd_client.lease_revoke(lease).await.unwrap();
+    wait_key(&l.key, false, Duration::from_secs(5), &mut l.sidecar).await;
+    wait_key(&l.key, true, Duration::from_secs(15), &mut l.sidecar)
+        .await
+        .unwrap();
+
+    // SIGTERM: the key goes first, while the engine still serves.
+    let pid = l.sidecar.pid() as i32;
+    #[allow(unsafe_code)]
+    // SAFETY: signals our own child process.
+    unsafe {
+        libc::kill(pid, libc::SIGTERM);
+    }
+    wait_key(&l.key, false, Duration::from_secs(10), &mut l.sidecar).await;
+    assert!(
+        health_ok(l.port),
+        "the engine was still up when its key was removed"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while l.sidecar.exited().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the sidecar did not exit: {}",
+            l.sidecar.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        l.sidecar.exited().unwrap().success(),
+        "{}",
+        l.sidecar.log_tail(20)
+    );
+    assert!(!health_ok(l.port), "the engine stopped after the drain");
+}
+
+#[tokio::test]
+async fn a_killed_sidecar_lets_its_lease_expire() {
+    let prefix = format!(
+        "/infera-test/{}/workers/",
+        infera_testkit::unique_name("sidecar-kill")
+    );
+    let mut l = launch(&prefix, "2").await;
+    wait_key(&l.key, true, Duration::from_secs(60), &mut l.sidecar)
+        .await
+        .unwrap();
+    l.sidecar.kill();
+    wait_key(&l.key, false, Duration::from_secs(10), &mut l.sidecar).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while health_ok(l.port) {
+        assert!(
+            Instant::now() < deadline,
+            "the engine outlived its killed sidecar"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[test]
+fn bad_command_lines_exit_2_with_a_reason() {
+    let out = std::process::Command::new(SIDECAR)
+        .args(["tgi"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected vllm, sglang, atom or sim"));
+    let out = std::process::Command::new(SIDECAR)
+        .args([
+            "sglang",
+            "--model-path",
+            "/m",
+            "--disaggregation-mode",
+            "prefill",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not available yet"));
+}
