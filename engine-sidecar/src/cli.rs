@@ -43,6 +43,10 @@ pub struct SidecarArgs {
     pub sim_binary: String,
     /// Port of the sidecar's own `/health` and `/metrics` (0: none).
     pub status_port: u16,
+    /// RoCEv2 GID index; detected from sysfs when absent.
+    pub gid_index: Option<u32>,
+    /// Root of sysfs (a fake tree in tests).
+    pub sysfs_root: String,
     /// Everything else, for the engine.
     pub engine_args: Vec<String>,
 }
@@ -85,6 +89,9 @@ pub const USAGE: &str = "Infera flags (each also as the environment variable in 
   --enable-kv-events / --no-enable-kv-events   give the engine a KV-event endpoint [INFERA_ENABLE_KV_EVENTS] (on)
   --sim-binary PATH           program for `sim` [INFERA_SIM_BINARY] (infera-sim)
   --status-port PORT          the sidecar's own /health and /metrics [INFERA_STATUS_PORT] (off)
+  --gid-index N               RoCEv2 GID index for MC_/NCCL_IB_/MORI_IB_GID_INDEX [INFERA_GID_INDEX]
+                              (default: detected from the NIC's GID table in sysfs)
+  --sysfs-root PATH           where sysfs is [INFERA_SYSFS_ROOT] (/sys)
 Every other argument goes to the engine unchanged; the engine's --port builds the worker URL.";
 
 fn env_or(name: &str, default: &str) -> String {
@@ -120,7 +127,7 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
     let mut values: Vec<(&'static str, String)> = Vec::new();
     let mut kv_events: Option<bool> = None;
     let mut engine_args = Vec::new();
-    const VALUED: [&str; 8] = [
+    const VALUED: [&str; 10] = [
         "--etcd-endpoint",
         "--etcd-prefix",
         "--advertise-host",
@@ -129,6 +136,8 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
         "--health-timeout",
         "--sim-binary",
         "--status-port",
+        "--gid-index",
+        "--sysfs-root",
     ];
     let mut it = args[1..].iter();
     while let Some(arg) = it.next() {
@@ -178,6 +187,13 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
         ),
     };
     let status_port = get("--status-port", "INFERA_STATUS_PORT", "0");
+    let gid_index = match get("--gid-index", "INFERA_GID_INDEX", "").as_str() {
+        "" => None,
+        v => Some(v.parse().map_err(|_| CliError::BadValue {
+            flag: "--gid-index",
+            message: format!("{v:?} is not a GID index"),
+        })?),
+    };
     Ok(SidecarArgs {
         engine,
         etcd_endpoints,
@@ -202,6 +218,8 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
             flag: "--status-port",
             message: format!("{status_port:?} is not a port"),
         })?,
+        gid_index,
+        sysfs_root: get("--sysfs-root", "INFERA_SYSFS_ROOT", "/sys"),
         engine_args,
     })
 }

@@ -12,6 +12,7 @@
 pub mod cli;
 pub mod engine;
 pub mod engine_args;
+pub mod gid;
 pub mod prepare;
 pub mod record;
 pub mod registration;

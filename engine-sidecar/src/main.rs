@@ -70,12 +70,21 @@ async fn run() -> i32 {
         return 2;
     }
     let new_kv_port = kv_port.filter(|_| facts.kv_events_port.is_none());
+    let gid_index = args.gid_index.or_else(|| {
+        infera_engine_sidecar::gid::detect_gid_index(std::path::Path::new(&args.sysfs_root))
+    });
+    if gid_index.is_none() {
+        tracing::info!(
+            "no RoCEv2 GID found under {}; RDMA GID variables left unset",
+            args.sysfs_root
+        );
+    }
     let prepared = prepare_engine(
         args.engine,
         &args.engine_args,
         &args.sim_binary,
         new_kv_port,
-        None,
+        gid_index,
     );
     for note in &prepared.notes {
         tracing::info!("engine preparation: {note}");
