@@ -47,6 +47,8 @@ pub struct SidecarArgs {
     pub gid_index: Option<u32>,
     /// Root of sysfs (a fake tree in tests).
     pub sysfs_root: String,
+    /// NATS server to relay KV events to (`--kv-event-transport nats`).
+    pub relay_nats: Option<String>,
     /// Everything else, for the engine.
     pub engine_args: Vec<String>,
 }
@@ -92,6 +94,8 @@ pub const USAGE: &str = "Infera flags (each also as the environment variable in 
   --gid-index N               RoCEv2 GID index for MC_/NCCL_IB_/MORI_IB_GID_INDEX [INFERA_GID_INDEX]
                               (default: detected from the NIC's GID table in sysfs)
   --sysfs-root PATH           where sysfs is [INFERA_SYSFS_ROOT] (/sys)
+  --kv-event-transport zmq|nats   nats: relay the engine's KV events to JetStream [INFERA_KV_EVENT_TRANSPORT] (zmq)
+  --nats-server URL           NATS for the relay [INFERA_NATS_SERVER] (nats://127.0.0.1:4222)
 Every other argument goes to the engine unchanged; the engine's --port builds the worker URL.";
 
 fn env_or(name: &str, default: &str) -> String {
@@ -127,7 +131,7 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
     let mut values: Vec<(&'static str, String)> = Vec::new();
     let mut kv_events: Option<bool> = None;
     let mut engine_args = Vec::new();
-    const VALUED: [&str; 10] = [
+    const VALUED: [&str; 12] = [
         "--etcd-endpoint",
         "--etcd-prefix",
         "--advertise-host",
@@ -138,6 +142,8 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
         "--status-port",
         "--gid-index",
         "--sysfs-root",
+        "--kv-event-transport",
+        "--nats-server",
     ];
     let mut it = args[1..].iter();
     while let Some(arg) = it.next() {
@@ -220,6 +226,20 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
         })?,
         gid_index,
         sysfs_root: get("--sysfs-root", "INFERA_SYSFS_ROOT", "/sys"),
+        relay_nats: match get("--kv-event-transport", "INFERA_KV_EVENT_TRANSPORT", "zmq").as_str() {
+            "zmq" => None,
+            "nats" => Some(get(
+                "--nats-server",
+                "INFERA_NATS_SERVER",
+                "nats://127.0.0.1:4222",
+            )),
+            other => {
+                return Err(CliError::BadValue {
+                    flag: "--kv-event-transport",
+                    message: format!("{other:?}: expected zmq or nats"),
+                });
+            }
+        },
         engine_args,
     })
 }

@@ -16,3 +16,4 @@ pub mod gid;
 pub mod prepare;
 pub mod record;
 pub mod registration;
+pub mod relay;

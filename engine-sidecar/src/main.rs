@@ -128,6 +128,33 @@ async fn run() -> i32 {
         }
     };
     let (stop, stop_rx) = watch::channel(false);
+    let mut relays = tokio::task::JoinSet::new();
+    // The relay outlives the registration: events of the drain still reach routers.
+    let (relay_stop, relay_stop_rx) = watch::channel(false);
+    if let (Some(url), Some(port)) = (&args.relay_nats, kv_port) {
+        match infera_engine_sidecar::relay::connect_jetstream(url).await {
+            Ok(js) => {
+                let counters =
+                    std::sync::Arc::new(infera_engine_sidecar::relay::RelayCounters::default());
+                for rank in 0..record.dp_size.max(1) {
+                    let endpoint = format!("tcp://127.0.0.1:{}", u32::from(port) + rank);
+                    relays.spawn(infera_engine_sidecar::relay::relay_rank(
+                        endpoint,
+                        record.worker_id.clone(),
+                        rank,
+                        js.clone(),
+                        counters.clone(),
+                        relay_stop_rx.clone(),
+                    ));
+                }
+            }
+            Err(e) => {
+                eprintln!("infera-engine-sidecar: {e}");
+                engine.stop(Duration::from_secs(10)).await;
+                return 2;
+            }
+        }
+    }
     let (state, mut state_rx) = watch::channel(RegistrationState::default());
     let registration = tokio::spawn(run_registration(
         Registration {
@@ -163,6 +190,8 @@ async fn run() -> i32 {
     let _ = stop.send(true);
     let _ = registration.await;
     if engine_died {
+        let _ = relay_stop.send(true);
+        while relays.join_next().await.is_some() {}
         return 4;
     }
     tracing::info!("draining (up to {:?})", args.drain_timeout);
@@ -172,6 +201,8 @@ async fn run() -> i32 {
     {
         tracing::warn!("requests were still running after {:?}", args.drain_timeout);
     }
+    let _ = relay_stop.send(true);
+    while relays.join_next().await.is_some() {}
     let status = engine.stop(Duration::from_secs(10)).await;
     tracing::info!("engine stopped ({status:?})");
     0

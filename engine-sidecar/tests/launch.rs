@@ -250,3 +250,101 @@ fn bad_command_lines_exit_2_with_a_reason() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not available yet"));
 }
+
+#[tokio::test]
+async fn kv_events_reach_jetstream_byte_for_byte() {
+    use async_nats::jetstream::consumer;
+    use futures::StreamExt;
+    use zeromq::{Socket, SocketRecv, SubSocket};
+    let nats = infera_testkit::nats_url().await.unwrap();
+    let etcd = infera_testkit::etcd_endpoint().await.unwrap();
+    let prefix = format!(
+        "/infera-test/{}/workers/",
+        infera_testkit::unique_name("sidecar-relay")
+    );
+    let port = free_port().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let args: Vec<String> = [
+        "sim",
+        "--etcd-endpoint",
+        &etcd,
+        "--etcd-prefix",
+        &prefix,
+        "--advertise-host",
+        "127.0.0.1",
+        "--kv-event-transport",
+        "nats",
+        "--nats-server",
+        &nats,
+        "--sim-binary",
+        sim_binary().to_str().unwrap(),
+        "--served-model-name",
+        "fixture-model",
+        "--port",
+        &port.to_string(),
+        "--speedup",
+        "20",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut sidecar =
+        ServerProcess::start(Path::new(SIDECAR), &args, &dir.path().join("sidecar.log")).unwrap();
+    let key = build_worker_key(&prefix, &format!("127.0.0.1:{port}"));
+    let record = wait_key(&key, true, Duration::from_secs(60), &mut sidecar)
+        .await
+        .unwrap();
+    let endpoint = record.kv_events_endpoint.clone().unwrap();
+    // Our own subscriber on the engine sees the batches the sidecar relays.
+    let mut sub = SubSocket::new();
+    sub.connect(&endpoint).await.unwrap();
+    sub.subscribe("").await.unwrap();
+    let http = reqwest::Client::new();
+    let mut direct = None;
+    for i in 0..50 {
+        let body = serde_json::json!({"model": "fixture-model", "prompt": format!("prompt {i} long enough to fill a block"), "max_tokens": 1});
+        http.post(format!("http://127.0.0.1:{port}/v1/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        if let Ok(Ok(msg)) = tokio::time::timeout(Duration::from_millis(200), sub.recv()).await {
+            direct = Some(msg.into_vec().last().unwrap().to_vec());
+            break;
+        }
+    }
+    let direct = direct.expect("no KV event from the engine");
+    let js = async_nats::jetstream::new(async_nats::connect(&nats).await.unwrap());
+    let stream = js
+        .get_stream(infera_proto::kv_stream::NATS_STREAM)
+        .await
+        .unwrap();
+    let subject = infera_proto::kv_stream::build_kv_event_subject(&record.worker_id, 0);
+    let consumer: consumer::PullConsumer = stream
+        .create_consumer(consumer::pull::Config {
+            filter_subject: subject.clone(),
+            deliver_policy: consumer::DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut found = false;
+    while !found {
+        assert!(
+            Instant::now() < deadline,
+            "the batch never reached {subject}"
+        );
+        let mut batch = consumer
+            .fetch()
+            .max_messages(100)
+            .expires(Duration::from_millis(500))
+            .messages()
+            .await
+            .unwrap();
+        while let Some(Ok(m)) = batch.next().await {
+            found |= m.payload.as_ref() == direct.as_slice();
+        }
+    }
+    sidecar.kill();
+}
