@@ -49,6 +49,8 @@ pub struct SidecarArgs {
     pub sysfs_root: String,
     /// NATS server to relay KV events to (`--kv-event-transport nats`).
     pub relay_nats: Option<String>,
+    /// Attach to an engine running elsewhere (its own container) instead of launching it.
+    pub attach: bool,
     /// Everything else, for the engine.
     pub engine_args: Vec<String>,
 }
@@ -90,7 +92,9 @@ pub const USAGE: &str = "Infera flags (each also as the environment variable in 
   --health-timeout SECONDS    longest wait for the engine to load [INFERA_HEALTH_TIMEOUT] (1800)
   --enable-kv-events / --no-enable-kv-events   give the engine a KV-event endpoint [INFERA_ENABLE_KV_EVENTS] (on)
   --sim-binary PATH           program for `sim` [INFERA_SIM_BINARY] (infera-sim)
-  --status-port PORT          the sidecar's own /health and /metrics [INFERA_STATUS_PORT] (off)
+  --status-port PORT          the sidecar's own /health, /metrics and /drain [INFERA_STATUS_PORT] (off)
+  --attach                    the engine runs in its own container: watch it, do not launch it;
+                              its preStop calls GET /drain on --status-port [INFERA_ATTACH]
   --gid-index N               RoCEv2 GID index for MC_/NCCL_IB_/MORI_IB_GID_INDEX [INFERA_GID_INDEX]
                               (default: detected from the NIC's GID table in sysfs)
   --sysfs-root PATH           where sysfs is [INFERA_SYSFS_ROOT] (/sys)
@@ -130,6 +134,7 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
     };
     let mut values: Vec<(&'static str, String)> = Vec::new();
     let mut kv_events: Option<bool> = None;
+    let mut attach = matches!(env_or("INFERA_ATTACH", "0").as_str(), "1" | "true" | "yes");
     let mut engine_args = Vec::new();
     const VALUED: [&str; 12] = [
         "--etcd-endpoint",
@@ -161,6 +166,8 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
             kv_events = Some(true);
         } else if arg == "--no-enable-kv-events" {
             kv_events = Some(false);
+        } else if arg == "--attach" {
+            attach = true;
         } else if arg == "--help" {
             return Err(CliError::Help);
         } else {
@@ -226,6 +233,7 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
         })?,
         gid_index,
         sysfs_root: get("--sysfs-root", "INFERA_SYSFS_ROOT", "/sys"),
+        attach,
         relay_nats: match get("--kv-event-transport", "INFERA_KV_EVENT_TRANSPORT", "zmq").as_str() {
             "zmq" => None,
             "nats" => Some(get(

@@ -7,10 +7,10 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 
-/// A launched engine.
+/// The engine: launched by the sidecar, or attached to (its own container).
 #[derive(Debug)]
 pub struct EngineProcess {
-    child: Child,
+    child: Option<Child>,
     base_url: String,
     http: reqwest::Client,
 }
@@ -27,20 +27,36 @@ impl EngineProcess {
         die_with_parent(&mut cmd);
         let child = cmd.spawn()?;
         Ok(Self {
-            child,
+            child: Some(child),
             base_url,
             http: reqwest::Client::new(),
         })
     }
 
+    /// An engine the sidecar does not own (attach mode): watched over HTTP only.
+    pub fn attach(base_url: String) -> Self {
+        Self {
+            child: None,
+            base_url,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// Whether the engine answers `/health` now.
+    pub async fn is_healthy(&self) -> bool {
+        self.get("/health")
+            .await
+            .is_some_and(|r| r.status().is_success())
+    }
+
     /// The engine's process id.
     pub fn pid(&self) -> Option<u32> {
-        self.child.id()
+        self.child.as_ref()?.id()
     }
 
     /// Whether the engine has exited (and how).
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.try_wait().ok().flatten()
+        self.child.as_mut()?.try_wait().ok().flatten()
     }
 
     async fn get(&self, path: &str) -> Option<reqwest::Response> {
@@ -147,16 +163,19 @@ impl EngineProcess {
 
     /// SIGTERM to the engine's group, SIGKILL after `grace`.
     pub async fn stop(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
-        if let Some(pid) = self.pid() {
+        let pid = self.pid();
+        // An attached engine is stopped by its own container's lifecycle.
+        let child = self.child.as_mut()?;
+        if let Some(pid) = pid {
             signal_group(pid, libc::SIGTERM);
         }
-        match tokio::time::timeout(grace, self.child.wait()).await {
+        match tokio::time::timeout(grace, child.wait()).await {
             Ok(status) => status.ok(),
             Err(_) => {
-                if let Some(pid) = self.pid() {
+                if let Some(pid) = pid {
                     signal_group(pid, libc::SIGKILL);
                 }
-                self.child.wait().await.ok()
+                child.wait().await.ok()
             }
         }
     }

@@ -17,3 +17,4 @@ pub mod prepare;
 pub mod record;
 pub mod registration;
 pub mod relay;
+pub mod status;

@@ -1,18 +1,27 @@
-//! The `infera-engine-sidecar` command (launch mode).
+//! The `infera-engine-sidecar` command.
 //!
 //! Exit codes: 0 clean shutdown; 2 bad command line or configuration; 3 the engine never
-//! became healthy; 4 the engine exited on its own.
+//! became healthy; 4 the engine exited (or, attached, stopped answering) on its own.
 
-use infera_engine_sidecar::cli::{CliError, parse_args};
+use infera_engine_sidecar::cli::{CliError, SidecarArgs, USAGE, parse_args};
 use infera_engine_sidecar::engine::EngineProcess;
 use infera_engine_sidecar::engine_args::read_engine_facts;
 use infera_engine_sidecar::prepare::prepare_engine;
 use infera_engine_sidecar::record::build_record;
 use infera_engine_sidecar::registration::{Registration, RegistrationState, run_registration};
+use infera_engine_sidecar::relay::{RelayCounters, connect_jetstream, relay_rank};
+use infera_engine_sidecar::status::{SidecarStatus, build_status_router};
 use infera_proto::discovery::build_worker_key;
+use infera_proto::worker::WorkerRecord;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// Consecutive failed health checks after which an attached engine counts as gone.
+const ATTACHED_HEALTH_FAILURES: u32 = 3;
 
 fn free_port() -> Option<u16> {
     std::net::TcpListener::bind("0.0.0.0:0")
@@ -36,76 +45,153 @@ async fn main() {
     std::process::exit(run().await);
 }
 
+fn fail(message: impl std::fmt::Display, code: i32) -> i32 {
+    eprintln!("infera-engine-sidecar: {message}");
+    code
+}
+
+/// Starts the engine (launch mode) or finds it (attach mode) and waits until healthy.
+async fn start_engine(
+    args: &SidecarArgs,
+    port: u16,
+    new_kv_port: Option<u16>,
+) -> Result<EngineProcess, i32> {
+    let base_url = format!("http://127.0.0.1:{port}");
+    let mut engine = if args.attach {
+        tracing::info!("attach mode: waiting for the engine at {base_url}");
+        EngineProcess::attach(base_url)
+    } else {
+        let gid_index = args.gid_index.or_else(|| {
+            infera_engine_sidecar::gid::detect_gid_index(std::path::Path::new(&args.sysfs_root))
+        });
+        if gid_index.is_none() {
+            tracing::info!(
+                "no RoCEv2 GID found under {}; RDMA GID variables left unset",
+                args.sysfs_root
+            );
+        }
+        let prepared = prepare_engine(
+            args.engine,
+            &args.engine_args,
+            &args.sim_binary,
+            new_kv_port,
+            gid_index,
+        );
+        for note in &prepared.notes {
+            tracing::info!("engine preparation: {note}");
+        }
+        tracing::info!("launching {} {}", prepared.program, prepared.args.join(" "));
+        EngineProcess::launch(&prepared, base_url)
+            .map_err(|e| fail(format!("cannot start {}: {e}", prepared.program), 2))?
+    };
+    if let Err(e) = engine.wait_healthy(args.health_timeout).await {
+        engine.stop(Duration::from_secs(10)).await;
+        return Err(fail(e, 3));
+    }
+    Ok(engine)
+}
+
+/// Relays KV events to JetStream, one task per data-parallel rank.
+async fn start_relays(
+    args: &SidecarArgs,
+    record: &WorkerRecord,
+    kv_port: Option<u16>,
+    stop: &watch::Receiver<bool>,
+    status: &Arc<SidecarStatus>,
+) -> Result<JoinSet<()>, String> {
+    let mut relays = JoinSet::new();
+    let (Some(url), Some(port)) = (&args.relay_nats, kv_port) else {
+        return Ok(relays);
+    };
+    let js = connect_jetstream(url).await?;
+    let counters = Arc::new(RelayCounters::default());
+    for rank in 0..record.dp_size.max(1) {
+        let endpoint = format!("tcp://127.0.0.1:{}", u32::from(port) + rank);
+        relays.spawn(relay_rank(
+            endpoint,
+            record.worker_id.clone(),
+            rank,
+            js.clone(),
+            counters.clone(),
+            stop.clone(),
+        ));
+    }
+    let (counters, status) = (counters, status.clone());
+    relays.spawn(async move {
+        loop {
+            status
+                .relayed
+                .store(counters.relayed.load(Ordering::Relaxed), Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    Ok(relays)
+}
+
 async fn run() -> i32 {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let args = match parse_args(&argv) {
         Ok(a) => a,
         Err(CliError::Help) => {
             println!(
-                "usage: infera-engine-sidecar <vllm|sglang|atom|sim> [infera flags] [engine flags]\n\n{}",
-                infera_engine_sidecar::cli::USAGE
+                "usage: infera-engine-sidecar <vllm|sglang|atom|sim> [infera flags] [engine flags]\n\n{USAGE}"
             );
             return 0;
         }
-        Err(e) => {
-            eprintln!("infera-engine-sidecar: {e}");
-            return 2;
-        }
+        Err(e) => return fail(e, 2),
     };
-    let facts = match read_engine_facts(args.engine, &args.engine_args) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("infera-engine-sidecar: {e}");
-            return 2;
-        }
-    };
-    let kv_port = match (args.enable_kv_events, facts.kv_events_port) {
-        (false, _) => None,
-        (true, Some(p)) => Some(p),
-        (true, None) => free_port(),
-    };
-    // Refuse a configuration that cannot be registered before loading a model for minutes.
-    if let Err(e) = build_record(&facts, &args.engine_args, &args.advertise_host, 16, kv_port) {
-        eprintln!("infera-engine-sidecar: {e}");
-        return 2;
-    }
-    let new_kv_port = kv_port.filter(|_| facts.kv_events_port.is_none());
-    let gid_index = args.gid_index.or_else(|| {
-        infera_engine_sidecar::gid::detect_gid_index(std::path::Path::new(&args.sysfs_root))
-    });
-    if gid_index.is_none() {
-        tracing::info!(
-            "no RoCEv2 GID found under {}; RDMA GID variables left unset",
-            args.sysfs_root
+    if args.attach && args.status_port == 0 {
+        return fail(
+            "--attach needs --status-port: the engine's preStop hook calls /drain there",
+            2,
         );
     }
-    let prepared = prepare_engine(
-        args.engine,
-        &args.engine_args,
-        &args.sim_binary,
-        new_kv_port,
-        gid_index,
-    );
-    for note in &prepared.notes {
-        tracing::info!("engine preparation: {note}");
+    let facts = match read_engine_facts(args.engine, &args.engine_args) {
+        Ok(f) => f,
+        Err(e) => return fail(e, 2),
+    };
+    // Attached engines were configured by the operator; a launched one gets a port.
+    let kv_port = match (args.enable_kv_events, facts.kv_events_port, args.attach) {
+        (false, _, _) => None,
+        (true, Some(p), _) => Some(p),
+        (true, None, true) => None,
+        (true, None, false) => free_port(),
+    };
+    // Refuse what cannot be registered before loading a model for minutes.
+    if let Err(e) = build_record(&facts, &args.engine_args, &args.advertise_host, 16, kv_port) {
+        return fail(e, 2);
     }
-    tracing::info!("launching {} {}", prepared.program, prepared.args.join(" "));
-    let mut engine =
-        match EngineProcess::launch(&prepared, format!("http://127.0.0.1:{}", facts.port)) {
-            Ok(e) => e,
+    let status = SidecarStatus::new();
+    let (status_stop, mut status_stop_rx) = watch::channel(false);
+    let mut status_server = None;
+    if args.status_port != 0 {
+        let listener = match tokio::net::TcpListener::bind(("0.0.0.0", args.status_port)).await {
+            Ok(l) => l,
             Err(e) => {
-                eprintln!(
-                    "infera-engine-sidecar: cannot start {}: {e}",
-                    prepared.program
+                return fail(
+                    format!("binding --status-port {}: {e}", args.status_port),
+                    2,
                 );
-                return 2;
             }
         };
-    if let Err(e) = engine.wait_healthy(args.health_timeout).await {
-        eprintln!("infera-engine-sidecar: {e}");
-        engine.stop(Duration::from_secs(10)).await;
-        return 3;
+        let router = build_status_router(status.clone());
+        status_server = Some(tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = status_stop_rx.wait_for(|s| *s).await;
+            };
+            if let Err(e) = axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown)
+                .await
+            {
+                tracing::error!("status server: {e}");
+            }
+        }));
     }
+    let new_kv_port = kv_port.filter(|_| facts.kv_events_port.is_none());
+    let mut engine = match start_engine(&args, facts.port, new_kv_port).await {
+        Ok(e) => e,
+        Err(code) => return code,
+    };
     let block_size = match facts.block_size {
         Some(bs) => bs,
         None => engine.resolved_block_size().await.unwrap_or_else(|| {
@@ -122,39 +208,19 @@ async fn run() -> i32 {
     ) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("infera-engine-sidecar: {e}");
             engine.stop(Duration::from_secs(10)).await;
-            return 2;
+            return fail(e, 2);
         }
     };
     let (stop, stop_rx) = watch::channel(false);
-    let mut relays = tokio::task::JoinSet::new();
-    // The relay outlives the registration: events of the drain still reach routers.
     let (relay_stop, relay_stop_rx) = watch::channel(false);
-    if let (Some(url), Some(port)) = (&args.relay_nats, kv_port) {
-        match infera_engine_sidecar::relay::connect_jetstream(url).await {
-            Ok(js) => {
-                let counters =
-                    std::sync::Arc::new(infera_engine_sidecar::relay::RelayCounters::default());
-                for rank in 0..record.dp_size.max(1) {
-                    let endpoint = format!("tcp://127.0.0.1:{}", u32::from(port) + rank);
-                    relays.spawn(infera_engine_sidecar::relay::relay_rank(
-                        endpoint,
-                        record.worker_id.clone(),
-                        rank,
-                        js.clone(),
-                        counters.clone(),
-                        relay_stop_rx.clone(),
-                    ));
-                }
-            }
-            Err(e) => {
-                eprintln!("infera-engine-sidecar: {e}");
-                engine.stop(Duration::from_secs(10)).await;
-                return 2;
-            }
+    let mut relays = match start_relays(&args, &record, kv_port, &relay_stop_rx, &status).await {
+        Ok(r) => r,
+        Err(e) => {
+            engine.stop(Duration::from_secs(10)).await;
+            return fail(e, 2);
         }
-    }
+    };
     let (state, mut state_rx) = watch::channel(RegistrationState::default());
     let registration = tokio::spawn(run_registration(
         Registration {
@@ -170,40 +236,67 @@ async fn run() -> i32 {
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
     ) else {
-        eprintln!("infera-engine-sidecar: cannot install signal handlers");
-        return 2;
+        return fail("cannot install signal handlers", 2);
     };
+    let mut health_failures = 0;
+    let mut drain_via_http = false;
     let engine_died = loop {
         tokio::select! {
             _ = term.recv() => break false,
             _ = int.recv() => break false,
-            _ = state_rx.changed() => {}
+            _ = status.drain_requested.notified() => { drain_via_http = true; break false }
+            _ = state_rx.changed() => {
+                let s = *state_rx.borrow();
+                status.registered.store(s.registered, Ordering::SeqCst);
+                status.registrations.store(s.registrations, Ordering::SeqCst);
+            }
             _ = tokio::time::sleep(Duration::from_millis(500)) => {
-                if let Some(status) = engine.exited() {
-                    tracing::error!("the engine exited with {status}; deregistering");
+                if let Some(code) = engine.exited() {
+                    tracing::error!("the engine exited with {code}; deregistering");
                     break true;
+                }
+                if args.attach {
+                    health_failures = if engine.is_healthy().await { 0 } else { health_failures + 1 };
+                    if health_failures >= ATTACHED_HEALTH_FAILURES {
+                        tracing::error!("the attached engine stopped answering /health; deregistering");
+                        break true;
+                    }
                 }
             }
         }
     };
     // Deregister first, so routers stop sending before the engine goes away.
+    status.draining.store(true, Ordering::SeqCst);
     let _ = stop.send(true);
     let _ = registration.await;
-    if engine_died {
-        let _ = relay_stop.send(true);
-        while relays.join_next().await.is_some() {}
-        return 4;
-    }
-    tracing::info!("draining (up to {:?})", args.drain_timeout);
-    if !engine
-        .drain(Duration::from_millis(500), args.drain_timeout)
-        .await
-    {
-        tracing::warn!("requests were still running after {:?}", args.drain_timeout);
+    status.registered.store(false, Ordering::SeqCst);
+    if !engine_died {
+        tracing::info!("draining (up to {:?})", args.drain_timeout);
+        if !engine
+            .drain(Duration::from_millis(500), args.drain_timeout)
+            .await
+        {
+            tracing::warn!("requests were still running after {:?}", args.drain_timeout);
+        }
     }
     let _ = relay_stop.send(true);
+    relays.abort_all();
     while relays.join_next().await.is_some() {}
-    let status = engine.stop(Duration::from_secs(10)).await;
-    tracing::info!("engine stopped ({status:?})");
-    0
+    if let Some(code) = engine.stop(Duration::from_secs(10)).await {
+        tracing::info!("engine stopped ({code})");
+    }
+    status.drained.send_replace(true);
+    if drain_via_http {
+        // Attached: the engine container stops next; stay (draining) until Kubernetes
+        // stops this sidecar too, so a restart policy never brings it back mid-drain.
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    }
+    let _ = status_stop.send(true);
+    if let Some(server) = status_server {
+        let _ = server.await;
+    }
+    if engine_died { 4 } else { 0 }
 }

@@ -348,3 +348,96 @@ async fn kv_events_reach_jetstream_byte_for_byte() {
     }
     sidecar.kill();
 }
+
+#[tokio::test]
+async fn attach_mode_drain_endpoint_blocks_until_the_engine_is_idle() {
+    use futures::StreamExt;
+    let etcd = infera_testkit::etcd_endpoint().await.unwrap();
+    let prefix = format!(
+        "/infera-test/{}/workers/",
+        infera_testkit::unique_name("sidecar-attach")
+    );
+    let (port, status_port) = (free_port().unwrap(), free_port().unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    // The engine runs on its own (its container), at real-time speed.
+    let engine_args: Vec<String> = [
+        "--served-model-name",
+        "fixture-model",
+        "--port",
+        &port.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut engine =
+        ServerProcess::start(&sim_binary(), &engine_args, &dir.path().join("engine.log")).unwrap();
+    let args: Vec<String> = [
+        "sim",
+        "--attach",
+        "--status-port",
+        &status_port.to_string(),
+        "--etcd-endpoint",
+        &etcd,
+        "--etcd-prefix",
+        &prefix,
+        "--advertise-host",
+        "127.0.0.1",
+        "--served-model-name",
+        "fixture-model",
+        "--port",
+        &port.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut sidecar =
+        ServerProcess::start(Path::new(SIDECAR), &args, &dir.path().join("sidecar.log")).unwrap();
+    let key = build_worker_key(&prefix, &format!("127.0.0.1:{port}"));
+    wait_key(&key, true, Duration::from_secs(30), &mut sidecar)
+        .await
+        .unwrap();
+    // A request in flight: 300 tokens at ~5 ms each.
+    let body = serde_json::json!({"model": "fixture-model", "prompt": "hello", "max_tokens": 300, "stream": true});
+    let resp = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut stream = resp.bytes_stream();
+    stream.next().await.unwrap().unwrap();
+    let drain = tokio::spawn(async move {
+        let r = reqwest::get(format!("http://127.0.0.1:{status_port}/drain"))
+            .await
+            .unwrap();
+        (r.status().as_u16(), Instant::now())
+    });
+    wait_key(&key, false, Duration::from_secs(5), &mut sidecar).await;
+    let mut rest = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        rest.extend_from_slice(&chunk.unwrap());
+    }
+    let stream_done = Instant::now();
+    assert!(
+        String::from_utf8_lossy(&rest).contains("[DONE]"),
+        "the in-flight request finished"
+    );
+    let (status, drained_at) = drain.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        drained_at >= stream_done,
+        "/drain answered before the engine was idle"
+    );
+    assert!(health_ok(port), "attach mode never stops the engine itself");
+    #[allow(unsafe_code)]
+    // SAFETY: signals our own child process.
+    unsafe {
+        libc::kill(sidecar.pid() as i32, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sidecar.exited().is_none() {
+        assert!(Instant::now() < deadline, "{}", sidecar.log_tail(20));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    engine.kill();
+}

@@ -1,0 +1,85 @@
+//! The sidecar's own HTTP endpoints: `/health` (registration and drain state),
+//! `/metrics`, and `/drain`, which an engine container's `preStop` hook calls: it starts
+//! the shutdown (deregister, then drain) and answers only once the engine is idle, so
+//! Kubernetes stops the engine after it has left routing.
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::json;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use tokio::sync::{Notify, watch};
+
+/// State the endpoints show and the main task updates.
+#[derive(Debug)]
+pub struct SidecarStatus {
+    /// The record is registered.
+    pub registered: AtomicBool,
+    /// Registrations so far.
+    pub registrations: AtomicU64,
+    /// A shutdown (SIGTERM or `/drain`) is under way.
+    pub draining: AtomicBool,
+    /// KV-event batches relayed.
+    pub relayed: AtomicU64,
+    /// Asks the main task to shut down.
+    pub drain_requested: Notify,
+    /// Turns true once the engine is drained.
+    pub drained: watch::Sender<bool>,
+}
+
+impl SidecarStatus {
+    /// Fresh state.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            registered: AtomicBool::new(false),
+            registrations: AtomicU64::new(0),
+            draining: AtomicBool::new(false),
+            relayed: AtomicU64::new(0),
+            drain_requested: Notify::new(),
+            drained: watch::channel(false).0,
+        })
+    }
+}
+
+type Shared = Arc<SidecarStatus>;
+
+/// The status routes.
+pub fn build_status_router(status: Shared) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/drain", get(drain).post(drain))
+        .with_state(status)
+}
+
+async fn health(State(s): State<Shared>) -> Response {
+    axum::Json(json!({
+        "registered": s.registered.load(Ordering::SeqCst),
+        "draining": s.draining.load(Ordering::SeqCst),
+    }))
+    .into_response()
+}
+
+async fn metrics(State(s): State<Shared>) -> Response {
+    let text = format!(
+        "# HELP infera_sidecar_registered Whether the worker record is registered.\n# TYPE infera_sidecar_registered gauge\ninfera_sidecar_registered {}\n\
+         # HELP infera_sidecar_registrations_total Times the record was registered.\n# TYPE infera_sidecar_registrations_total counter\ninfera_sidecar_registrations_total {}\n\
+         # HELP infera_sidecar_draining Whether a drain is under way.\n# TYPE infera_sidecar_draining gauge\ninfera_sidecar_draining {}\n\
+         # HELP infera_sidecar_kv_events_relayed_total KV-event batches relayed to NATS.\n# TYPE infera_sidecar_kv_events_relayed_total counter\ninfera_sidecar_kv_events_relayed_total {}\n",
+        u8::from(s.registered.load(Ordering::SeqCst)),
+        s.registrations.load(Ordering::SeqCst),
+        u8::from(s.draining.load(Ordering::SeqCst)),
+        s.relayed.load(Ordering::SeqCst),
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+async fn drain(State(s): State<Shared>) -> Response {
+    s.drain_requested.notify_one();
+    let mut drained = s.drained.subscribe();
+    let _ = drained.wait_for(|d| *d).await;
+    axum::Json(json!({"drained": true})).into_response()
+}
