@@ -45,6 +45,16 @@ fn default_port(engine: EngineArg) -> u16 {
     }
 }
 
+/// The node rank of this process in a multi-node worker: `LWS_WORKER_INDEX` (set by
+/// LeaderWorkerSet) or the engine's `--node-rank`; 0 when neither is given. Only rank 0
+/// registers: the other nodes serve no HTTP of their own.
+pub fn node_rank(args: &[String], lws_worker_index: Option<&str>) -> u32 {
+    lws_worker_index
+        .and_then(|v| v.parse().ok())
+        .or_else(|| flag_value(args, &["--node-rank"]).and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
 /// The port of a ZMQ endpoint like `tcp://*:5557`.
 pub fn endpoint_port(endpoint: &str) -> Option<u16> {
     endpoint.rsplit_once(':')?.1.parse().ok()
@@ -106,6 +116,17 @@ mod tests {
 
     fn args(s: &str) -> Vec<String> {
         s.split_whitespace().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn node_rank_from_lws_or_flags() {
+        assert_eq!(node_rank(&args("m --node-rank 2"), None), 2);
+        assert_eq!(
+            node_rank(&args("m --node-rank 2"), Some("1")),
+            1,
+            "LWS_WORKER_INDEX wins"
+        );
+        assert_eq!(node_rank(&args("m"), None), 0);
     }
 
     #[test]

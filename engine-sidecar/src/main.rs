@@ -128,6 +128,21 @@ async fn start_relays(
     Ok(relays)
 }
 
+/// Registers (see [`run_registration`]) unless `skip` (a follower node of a multi-node
+/// worker), in which case it only waits for the stop.
+async fn run_registration_unless(
+    skip: bool,
+    reg: Registration,
+    state: watch::Sender<RegistrationState>,
+    mut stop: watch::Receiver<bool>,
+) {
+    if skip {
+        let _ = stop.wait_for(|s| *s).await;
+    } else {
+        run_registration(reg, state, stop).await;
+    }
+}
+
 async fn run() -> i32 {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let args = match parse_args(&argv) {
@@ -221,8 +236,16 @@ async fn run() -> i32 {
             return fail(e, 2);
         }
     };
+    let rank = infera_engine_sidecar::engine_args::node_rank(
+        &args.engine_args,
+        std::env::var("LWS_WORKER_INDEX").ok().as_deref(),
+    );
     let (state, mut state_rx) = watch::channel(RegistrationState::default());
-    let registration = tokio::spawn(run_registration(
+    if rank != 0 {
+        tracing::info!("node rank {rank}: only rank 0 of a multi-node worker registers");
+    }
+    let registration = tokio::spawn(run_registration_unless(
+        rank != 0,
         Registration {
             endpoints: args.etcd_endpoints.clone(),
             key: build_worker_key(&args.etcd_prefix, &record.worker_id),

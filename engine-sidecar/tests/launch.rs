@@ -441,3 +441,149 @@ async fn attach_mode_drain_endpoint_blocks_until_the_engine_is_idle() {
     }
     engine.kill();
 }
+
+/// A fake engine program on PATH that records its argv and RDMA environment, then runs
+/// infera-sim (dropping the launcher words `serve` / `-m <module>`).
+fn fake_engine(dir: &Path, program: &str, flavor: &str) {
+    let script = format!(
+        "#!/bin/sh\nprintf '%s\\n' \"$@\" > {dir}/argv\nenv | grep -E '^(MC|NCCL_IB|MORI_IB)_GID_INDEX=' | sort > {dir}/env\n\
+         if [ \"$1\" = serve ]; then shift; fi\nif [ \"$1\" = -m ]; then shift 2; fi\nexec {sim} --engine {flavor} --speedup 20 \"$@\"\n",
+        dir = dir.display(),
+        sim = sim_binary().display(),
+    );
+    let path = dir.join(program);
+    std::fs::write(&path, script).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+fn fake_sysfs(dir: &Path) {
+    let port = dir.join("class/infiniband/ionic_0/ports/1");
+    std::fs::create_dir_all(port.join("gid_attrs/types")).unwrap();
+    std::fs::create_dir_all(port.join("gids")).unwrap();
+    std::fs::write(port.join("gid_attrs/types/3"), "RoCE v2\n").unwrap();
+    std::fs::write(
+        port.join("gids/3"),
+        "0000:0000:0000:0000:0000:ffff:0a00:0005\n",
+    )
+    .unwrap();
+}
+
+#[tokio::test]
+async fn prepares_each_engines_argv_and_env_exactly() {
+    let etcd = infera_testkit::etcd_endpoint().await.unwrap();
+    let cases = [
+        (
+            "vllm",
+            "vllm",
+            "vllm",
+            vec!["/models/fixture", "--served-model-name", "fixture-model"],
+        ),
+        (
+            "sglang",
+            "python3",
+            "sglang",
+            vec![
+                "--model-path",
+                "/models/fixture",
+                "--served-model-name",
+                "fixture-model",
+                "--page-size",
+                "16",
+            ],
+        ),
+        (
+            "atom",
+            "python3",
+            "atom",
+            vec![
+                "--model",
+                "/models/fixture",
+                "--served-model-name",
+                "fixture-model",
+            ],
+        ),
+    ];
+    for (engine, program, flavor, user_args) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        fake_engine(dir.path(), program, flavor);
+        let sysfs = dir.path().join("sys");
+        fake_sysfs(&sysfs);
+        let port = free_port().unwrap();
+        let prefix = format!(
+            "/infera-test/{}/workers/",
+            infera_testkit::unique_name("sidecar-prep")
+        );
+        let mut args: Vec<String> = [
+            engine,
+            "--etcd-endpoint",
+            &etcd,
+            "--etcd-prefix",
+            &prefix,
+            "--sysfs-root",
+            sysfs.to_str().unwrap(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(user_args.iter().map(|s| s.to_string()));
+        args.extend(["--port".to_owned(), port.to_string()]);
+        let path = format!(
+            "{}:{}",
+            dir.path().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let mut sidecar = ServerProcess::start_with_env(
+            Path::new(SIDECAR),
+            &args,
+            &[("PATH", &path)],
+            &dir.path().join("sidecar.log"),
+        )
+        .unwrap();
+        let key = build_worker_key(&prefix, &format!("127.0.0.1:{port}"));
+        let record = wait_key(&key, true, Duration::from_secs(30), &mut sidecar)
+            .await
+            .unwrap();
+        let kv_port = record
+            .kv_events_endpoint
+            .as_deref()
+            .and_then(|e| e.rsplit(':').next())
+            .unwrap()
+            .to_owned();
+        let argv = std::fs::read_to_string(dir.path().join("argv")).unwrap();
+        let argv: Vec<String> = argv
+            .lines()
+            .map(|l| {
+                l.replace(&port.to_string(), "<PORT>")
+                    .replace(&kv_port, "<KV>")
+            })
+            .collect();
+        let kv = r#"{"publisher":"zmq","endpoint":"tcp://*:<KV>","topic":"kv-events"}"#;
+        let mut expected: Vec<String> = match engine {
+            "vllm" => vec!["serve".into()],
+            "sglang" => vec!["-m".into(), "sglang.launch_server".into()],
+            _ => vec!["-m".into(), "atom.entrypoints.openai_server".into()],
+        };
+        expected.extend(user_args.iter().map(|s| s.to_string()));
+        expected.extend([
+            "--port".into(),
+            "<PORT>".into(),
+            "--kv-events-config".into(),
+            kv.into(),
+        ]);
+        if engine != "atom" {
+            expected.extend(["--kv-cache-dtype".into(), "fp8".into()]);
+        }
+        if engine == "sglang" {
+            expected.push("--enable-metrics".into());
+        }
+        assert_eq!(argv, expected, "{engine}");
+        let env = std::fs::read_to_string(dir.path().join("env")).unwrap();
+        assert_eq!(
+            env, "MC_GID_INDEX=3\nMORI_IB_GID_INDEX=3\nNCCL_IB_GID_INDEX=3\n",
+            "{engine}"
+        );
+        assert_eq!(record.engine.as_str(), engine);
+        sidecar.kill();
+    }
+}
