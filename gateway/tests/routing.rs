@@ -279,18 +279,8 @@ async fn routes_to_records_written_exactly_like_the_earlier_launchers() {
 #[tokio::test]
 async fn ready_waits_for_discovery() {
     let dead_port = infera_testkit::process::free_port().unwrap();
-    let cfg = <infera_gateway::config::GatewayConfig as clap::Parser>::try_parse_from([
-        "g",
-        "--etcd-endpoint",
-        &format!("http://127.0.0.1:{dead_port}"),
-    ])
-    .unwrap();
-    let gw = infera_gateway::gateway::Gateway::new(cfg, infera_gateway::registry::Registry::new())
-        .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let gw = infera_gateway::server::start_gateway(gw, listener)
-        .await
-        .unwrap();
+    let dead = format!("http://127.0.0.1:{dead_port}");
+    let gw = start_gw_args(&["--etcd-endpoint", &dead]).await;
     let http = reqwest::Client::new();
     assert_eq!(
         http.get(gw_url(&gw, "/ready"))
@@ -331,20 +321,13 @@ async fn static_discovery_reads_and_rereads_a_file() {
         s
     };
     std::fs::write(&file, yaml(&[a.addr])).unwrap();
-    let cfg = <infera_gateway::config::GatewayConfig as clap::Parser>::try_parse_from([
-        "g",
+    let gw = start_gw_args(&[
         "--discovery-backend",
         "static",
         "--static-workers",
         file.to_str().unwrap(),
     ])
-    .unwrap();
-    let gw = infera_gateway::gateway::Gateway::new(cfg, infera_gateway::registry::Registry::new())
-        .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let gw = infera_gateway::server::start_gateway(gw, listener)
-        .await
-        .unwrap();
+    .await;
     wait_workers(&gw, 1).await;
     std::fs::write(&file, yaml(&[a.addr, b.addr])).unwrap();
     wait_workers(&gw, 2).await;

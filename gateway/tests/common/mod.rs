@@ -104,16 +104,15 @@ pub async fn register(prefix: &str, record: &WorkerRecord, ttl: i64) -> i64 {
 /// A gateway discovering workers under `prefix`, with extra flags.
 pub async fn start_gw(prefix: &str, extra: &[&str]) -> RunningGateway {
     let etcd = infera_testkit::etcd_endpoint().await.unwrap();
-    let mut args = vec![
-        "infera-gateway",
-        "--host",
-        "127.0.0.1",
-        "--etcd-endpoint",
-        &etcd,
-        "--etcd-prefix",
-        prefix,
-    ];
+    let mut args = vec!["--etcd-endpoint", &etcd, "--etcd-prefix", prefix];
     args.extend_from_slice(extra);
+    start_gw_args(&args).await
+}
+
+/// A gateway on a free loopback port started with exactly these flags.
+pub async fn start_gw_args(flags: &[&str]) -> RunningGateway {
+    let mut args = vec!["infera-gateway", "--host", "127.0.0.1"];
+    args.extend_from_slice(flags);
     let cfg = GatewayConfig::try_parse_from(args).unwrap();
     let gw = Gateway::new(cfg, Registry::new()).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
