@@ -587,3 +587,46 @@ async fn prepares_each_engines_argv_and_env_exactly() {
         sidecar.kill();
     }
 }
+
+#[tokio::test]
+async fn sigterm_lets_in_flight_requests_finish_before_the_engine_stops() {
+    use futures::StreamExt;
+    let prefix = format!(
+        "/infera-test/{}/workers/",
+        infera_testkit::unique_name("sidecar-drain")
+    );
+    let mut l = launch(&prefix, "3").await;
+    wait_key(&l.key, true, Duration::from_secs(60), &mut l.sidecar)
+        .await
+        .unwrap();
+    // ~1 s of decoding at 20x an H200.
+    let body = serde_json::json!({"model": "fixture-model", "prompt": "hello", "max_tokens": 4000, "stream": true});
+    let resp = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{}/v1/completions", l.port))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut stream = resp.bytes_stream();
+    stream.next().await.unwrap().unwrap();
+    #[allow(unsafe_code)]
+    // SAFETY: signals our own child process.
+    unsafe {
+        libc::kill(l.sidecar.pid() as i32, libc::SIGTERM);
+    }
+    wait_key(&l.key, false, Duration::from_secs(5), &mut l.sidecar).await;
+    let mut rest = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        rest.extend_from_slice(&chunk.expect("the engine was stopped mid-request"));
+    }
+    assert!(
+        String::from_utf8_lossy(&rest).ends_with("data: [DONE]\n\n"),
+        "the request finished"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while l.sidecar.exited().is_none() {
+        assert!(Instant::now() < deadline, "{}", l.sidecar.log_tail(20));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!health_ok(l.port), "the engine stopped after the drain");
+}
