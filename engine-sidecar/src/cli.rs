@@ -51,6 +51,8 @@ pub struct SidecarArgs {
     pub relay_nats: Option<String>,
     /// Attach to an engine running elsewhere (its own container) instead of launching it.
     pub attach: bool,
+    /// Accept a prefill/decode configuration that moves KV over TCP or a loopback host.
+    pub disaggregation_allow_tcp: bool,
     /// Everything else, for the engine.
     pub engine_args: Vec<String>,
 }
@@ -93,6 +95,8 @@ pub const USAGE: &str = "Infera flags (each also as the environment variable in 
   --enable-kv-events / --no-enable-kv-events   give the engine a KV-event endpoint [INFERA_ENABLE_KV_EVENTS] (on)
   --sim-binary PATH           program for `sim` [INFERA_SIM_BINARY] (infera-sim)
   --status-port PORT          the sidecar's own /health, /metrics and /drain [INFERA_STATUS_PORT] (off)
+  --disaggregation-allow-tcp  accept a prefill/decode worker on a loopback host or TCP transport
+                              [INFERA_DISAGGREGATION_ALLOW_TCP] (refused otherwise)
   --attach                    the engine runs in its own container: watch it, do not launch it;
                               its preStop calls GET /drain on --status-port [INFERA_ATTACH]
   --gid-index N               RoCEv2 GID index for MC_/NCCL_IB_/MORI_IB_GID_INDEX [INFERA_GID_INDEX]
@@ -135,6 +139,10 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
     let mut values: Vec<(&'static str, String)> = Vec::new();
     let mut kv_events: Option<bool> = None;
     let mut attach = matches!(env_or("INFERA_ATTACH", "0").as_str(), "1" | "true" | "yes");
+    let mut allow_tcp = matches!(
+        env_or("INFERA_DISAGGREGATION_ALLOW_TCP", "0").as_str(),
+        "1" | "true" | "yes"
+    );
     let mut engine_args = Vec::new();
     const VALUED: [&str; 12] = [
         "--etcd-endpoint",
@@ -168,6 +176,8 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
             kv_events = Some(false);
         } else if arg == "--attach" {
             attach = true;
+        } else if arg == "--disaggregation-allow-tcp" {
+            allow_tcp = true;
         } else if arg == "--help" {
             return Err(CliError::Help);
         } else {
@@ -234,6 +244,7 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
         gid_index,
         sysfs_root: get("--sysfs-root", "INFERA_SYSFS_ROOT", "/sys"),
         attach,
+        disaggregation_allow_tcp: allow_tcp,
         relay_nats: match get("--kv-event-transport", "INFERA_KV_EVENT_TRANSPORT", "zmq").as_str() {
             "zmq" => None,
             "nats" => Some(get(

@@ -10,6 +10,7 @@
 //! - [`record`]: the worker record; [`registration`]: lease, keepalive, re-registration.
 
 pub mod cli;
+pub mod disagg;
 pub mod engine;
 pub mod engine_args;
 pub mod gid;

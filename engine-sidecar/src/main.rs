@@ -4,6 +4,7 @@
 //! became healthy; 4 the engine exited (or, attached, stopped answering) on its own.
 
 use infera_engine_sidecar::cli::{CliError, SidecarArgs, USAGE, parse_args};
+use infera_engine_sidecar::disagg::{DisaggRole, detect_role, preflight};
 use infera_engine_sidecar::engine::EngineProcess;
 use infera_engine_sidecar::engine_args::read_engine_facts;
 use infera_engine_sidecar::prepare::prepare_engine;
@@ -143,6 +144,44 @@ async fn run_registration_unless(
     }
 }
 
+/// vLLM connectors need an `engine_id` that the record and the engine agree on: pin one
+/// into the engine's `--kv-transfer-config` when the user gave none (launch mode).
+fn pin_engine_id(role: &mut DisaggRole, args: &mut SidecarArgs, port: u16) {
+    if !role.protocol.starts_with("vllm-") || role.transfer_config.get("engine_id").is_some() {
+        return;
+    }
+    if args.attach {
+        tracing::warn!(
+            "attach mode: the engine's --kv-transfer-config has no engine_id; the record's engine_id is null"
+        );
+        return;
+    }
+    let engine_id = format!("infera-{}-{port}", args.advertise_host);
+    if let Some(map) = role.transfer_config.as_object_mut() {
+        map.insert(
+            "engine_id".into(),
+            serde_json::Value::from(engine_id.clone()),
+        );
+    }
+    let config = role.transfer_config.to_string();
+    if let Some(pos) = args
+        .engine_args
+        .iter()
+        .position(|a| a == "--kv-transfer-config")
+    {
+        if let Some(v) = args.engine_args.get_mut(pos + 1) {
+            *v = config;
+        }
+    } else if let Some(a) = args
+        .engine_args
+        .iter_mut()
+        .find(|a| a.starts_with("--kv-transfer-config="))
+    {
+        *a = format!("--kv-transfer-config={config}");
+    }
+    tracing::info!("engine preparation: pinned the vLLM connector engine_id {engine_id}");
+}
+
 async fn run() -> i32 {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let args = match parse_args(&argv) {
@@ -172,8 +211,21 @@ async fn run() -> i32 {
         (true, None, true) => None,
         (true, None, false) => free_port(),
     };
-    // Refuse what cannot be registered before loading a model for minutes.
-    if let Err(e) = build_record(&facts, &args.engine_args, &args.advertise_host, 16, kv_port) {
+    // Refuse what cannot work before loading a model for minutes.
+    let moriio_read =
+        std::env::var("VLLM_MORIIO_CONNECTOR_READ_MODE").is_ok_and(|v| v == "1" || v == "true");
+    let mut role = match detect_role(facts.kind, &args.engine_args, moriio_read) {
+        Ok(r) => r,
+        Err(e) => return fail(e, 2),
+    };
+    let mut args = args;
+    if let Some(role) = role.as_mut() {
+        if let Err(e) = preflight(role, &args.advertise_host, args.disaggregation_allow_tcp) {
+            return fail(e, 2);
+        }
+        pin_engine_id(role, &mut args, facts.port);
+    }
+    if let Err(e) = build_record(&facts, role.as_ref(), &args.advertise_host, 16, kv_port) {
         return fail(e, 2);
     }
     let status = SidecarStatus::new();
@@ -216,7 +268,7 @@ async fn run() -> i32 {
     };
     let record = match build_record(
         &facts,
-        &args.engine_args,
+        role.as_ref(),
         &args.advertise_host,
         block_size,
         kv_port,

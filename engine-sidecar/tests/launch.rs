@@ -248,7 +248,10 @@ fn bad_command_lines_exit_2_with_a_reason() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not available yet"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--advertise-host"),
+        "the PD preflight refuses a loopback host"
+    );
 }
 
 #[tokio::test]
@@ -629,4 +632,80 @@ async fn sigterm_lets_in_flight_requests_finish_before_the_engine_stops() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(!health_ok(l.port), "the engine stopped after the drain");
+}
+
+#[tokio::test]
+async fn prefill_and_decode_workers_register_their_role_and_connector_params() {
+    let etcd = infera_testkit::etcd_endpoint().await.unwrap();
+    let mooncake = r#"{"kv_connector":"MooncakeConnector","kv_role":"kv_consumer"}"#;
+    for (flags, mode, protocol) in [
+        (
+            vec!["--engine", "sglang", "--disaggregation-mode", "prefill"],
+            "prefill",
+            "sglang-bootstrap",
+        ),
+        (
+            vec!["--engine", "vllm", "--kv-transfer-config", mooncake],
+            "decode",
+            "vllm-mooncake",
+        ),
+    ] {
+        let prefix = format!(
+            "/infera-test/{}/workers/",
+            infera_testkit::unique_name("sidecar-pd")
+        );
+        let port = free_port().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut args: Vec<String> = [
+            "sim",
+            "--etcd-endpoint",
+            &etcd,
+            "--etcd-prefix",
+            &prefix,
+            "--disaggregation-allow-tcp",
+            "--sim-binary",
+            sim_binary().to_str().unwrap(),
+            "--served-model-name",
+            "fixture-model",
+            "--port",
+            &port.to_string(),
+            "--speedup",
+            "20",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(flags.iter().map(|s| s.to_string()));
+        let mut sidecar =
+            ServerProcess::start(Path::new(SIDECAR), &args, &dir.path().join("sidecar.log"))
+                .unwrap();
+        let key = build_worker_key(&prefix, &format!("127.0.0.1:{port}"));
+        let record = wait_key(&key, true, Duration::from_secs(30), &mut sidecar)
+            .await
+            .unwrap();
+        let json: serde_json::Value = serde_json::from_str(&record.to_json()).unwrap();
+        assert_eq!(json["disagg_mode"], mode, "{protocol}");
+        assert_eq!(json["disagg_meta"]["protocol"], protocol);
+        match protocol {
+            "sglang-bootstrap" => assert_eq!(
+                json["disagg_meta"]["params"]["bootstrap_addr"],
+                "127.0.0.1:8998"
+            ),
+            _ => {
+                // The sidecar pinned an engine_id into the engine's connector config, and
+                // the engine (the sim) reports the same one.
+                let pinned = format!("infera-127.0.0.1-{port}");
+                assert_eq!(json["disagg_meta"]["params"]["engine_id"], pinned.as_str());
+                let info: serde_json::Value =
+                    reqwest::get(format!("http://127.0.0.1:{port}/get_server_info"))
+                        .await
+                        .unwrap()
+                        .json()
+                        .await
+                        .unwrap();
+                assert_eq!(info["disagg_meta"]["params"]["engine_id"], pinned.as_str());
+            }
+        }
+        sidecar.kill();
+    }
 }

@@ -425,7 +425,12 @@ impl Cli {
             6301,
         );
         let notify = port(extra.get("notify_port"), 61005);
-        Ok(Some(mk(leg, protocol, handshake, notify)))
+        let mut role = mk(leg, protocol, handshake, notify);
+        // The connector's engine id, as the engine registers it with its peers.
+        if let Some(id) = cfg.get("engine_id").and_then(Value::as_str) {
+            role.engine_id = id.to_owned();
+        }
+        Ok(Some(role))
     }
 
     /// One config per worker.
