@@ -709,3 +709,68 @@ async fn prefill_and_decode_workers_register_their_role_and_connector_params() {
         sidecar.kill();
     }
 }
+
+#[tokio::test]
+async fn registers_again_after_etcd_restarts_with_its_data_wiped() {
+    use infera_testkit::etcd::EtcdServer;
+    let mut etcd = EtcdServer::start().await.unwrap();
+    let endpoint = etcd.endpoint().to_owned();
+    let etcd_port: u16 = endpoint.rsplit(':').next().unwrap().parse().unwrap();
+    let port = free_port().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let args: Vec<String> = [
+        "sim",
+        "--etcd-endpoint",
+        &endpoint,
+        "--lease-ttl",
+        "3",
+        "--sim-binary",
+        sim_binary().to_str().unwrap(),
+        "--served-model-name",
+        "fixture-model",
+        "--port",
+        &port.to_string(),
+        "--speedup",
+        "20",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut sidecar =
+        ServerProcess::start(Path::new(SIDECAR), &args, &dir.path().join("sidecar.log")).unwrap();
+    let key = build_worker_key(
+        infera_proto::discovery::DEFAULT_ETCD_PREFIX,
+        &format!("127.0.0.1:{port}"),
+    );
+    let get = |endpoint: String, key: String| async move {
+        let mut c = etcd_client::Client::connect([endpoint], None).await.ok()?;
+        c.get(key, None)
+            .await
+            .ok()?
+            .kvs()
+            .first()
+            .map(|kv| kv.value().to_vec())
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get(endpoint.clone(), key.clone()).await.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "never registered: {}",
+            sidecar.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // etcd dies and comes back empty on the same address.
+    etcd.kill();
+    let _fresh = EtcdServer::start_on(etcd_port).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while get(endpoint.clone(), key.clone()).await.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "not registered again: {}",
+            sidecar.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    sidecar.kill();
+}

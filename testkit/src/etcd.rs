@@ -19,12 +19,18 @@ impl EtcdServer {
     /// Starts etcd on free ports and waits until a client's status call succeeds
     /// (connecting alone proves nothing: etcd-client connects lazily).
     pub async fn start() -> Result<Self, TestEnvError> {
+        let port = free_port().map_err(|e| prepare(e.to_string()))?;
+        Self::start_on(port).await
+    }
+
+    /// Starts a fresh etcd (empty data) on client port `client`: with the port of a
+    /// killed one, it stands for an etcd that restarted and lost its data.
+    pub async fn start_on(client: u16) -> Result<Self, TestEnvError> {
         let binary = locate(Binary::Etcd)?;
         let dir = tempfile::Builder::new()
             .prefix("infera-etcd-")
             .tempdir()
             .map_err(|e| prepare(e.to_string()))?;
-        let client = free_port().map_err(|e| prepare(e.to_string()))?;
         let peer = free_port().map_err(|e| prepare(e.to_string()))?;
         let endpoint = format!("http://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
