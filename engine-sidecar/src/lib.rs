@@ -19,3 +19,4 @@ pub mod record;
 pub mod registration;
 pub mod relay;
 pub mod status;
+pub mod tokenizer_id;

@@ -225,7 +225,40 @@ async fn run() -> i32 {
         }
         pin_engine_id(role, &mut args, facts.port);
     }
-    if let Err(e) = build_record(&facts, role.as_ref(), &args.advertise_host, 16, kv_port) {
+    let tokenizer = match infera_engine_sidecar::tokenizer_id::tokenizer_location(&args.engine_args)
+    {
+        Some(path) => match infera_engine_sidecar::tokenizer_id::read_identity(&path) {
+            Ok(t) => {
+                tracing::info!(
+                    "tokenizer {}: digest {}, canary of {} tokens",
+                    path.display(),
+                    t.digest,
+                    t.canary.len()
+                );
+                Some(t)
+            }
+            Err(e) => {
+                return fail(
+                    format!("reading the tokenizer at {}: {e}", path.display()),
+                    2,
+                );
+            }
+        },
+        None => {
+            tracing::info!(
+                "no local tokenizer in the engine flags: the record carries no tokenizer canary"
+            );
+            None
+        }
+    };
+    if let Err(e) = build_record(
+        &facts,
+        role.as_ref(),
+        &args.advertise_host,
+        16,
+        kv_port,
+        tokenizer.as_ref(),
+    ) {
         return fail(e, 2);
     }
     let status = SidecarStatus::new();
@@ -272,6 +305,7 @@ async fn run() -> i32 {
         &args.advertise_host,
         block_size,
         kv_port,
+        tokenizer.as_ref(),
     ) {
         Ok(r) => r,
         Err(e) => {

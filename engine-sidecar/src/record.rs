@@ -3,6 +3,7 @@
 
 use crate::disagg::{DisaggRole, build_disagg_meta};
 use crate::engine_args::EngineFacts;
+use crate::tokenizer_id::TokenizerIdentity;
 use infera_proto::worker::{DisaggMode, WorkerRecord, WorkerRecordError, build_worker_id};
 use serde_json::{Value, json};
 
@@ -13,6 +14,7 @@ pub fn build_record(
     advertise_host: &str,
     block_size: u32,
     kv_events_port: Option<u16>,
+    tokenizer: Option<&TokenizerIdentity>,
 ) -> Result<WorkerRecord, WorkerRecordError> {
     let worker_id = build_worker_id(advertise_host, facts.port);
     let host = bracketed(advertise_host);
@@ -23,7 +25,7 @@ pub fn build_record(
         ),
         None => (DisaggMode::Mixed, Value::Null),
     };
-    let record = json!({
+    let mut record = json!({
         "worker_id": worker_id,
         "url": format!("http://{worker_id}"),
         "model_name": facts.model,
@@ -36,6 +38,20 @@ pub fn build_record(
         "dp_size": facts.dp_size,
         "request_transport": "http",
     });
+    if let (Some(t), Some(map)) = (tokenizer, record.as_object_mut()) {
+        map.insert(
+            "kv".into(),
+            json!({
+                "engine_block_size": block_size,
+                "index_block_size": 64,
+                "tokenizer": t.path.display().to_string(),
+                "tokenizer_digest": t.digest,
+                "tokenizer_canary": t.canary,
+                "supports_events": kv_events_port.is_some(),
+                "event_version": 1,
+            }),
+        );
+    }
     WorkerRecord::from_json(record.to_string().as_bytes())
 }
 
@@ -65,7 +81,7 @@ mod tests {
 
     #[test]
     fn the_record_matches_the_launchers_shape() {
-        let r = build_record(&facts(), None, "10.0.0.5", 64, Some(5557)).unwrap();
+        let r = build_record(&facts(), None, "10.0.0.5", 64, Some(5557), None).unwrap();
         assert_eq!(
             r.to_json(),
             r#"{"worker_id":"10.0.0.5:30000","url":"http://10.0.0.5:30000","model_name":"m","engine":"sglang","disagg_mode":"mixed","disagg_meta":null,"kv_events_endpoint":"tcp://10.0.0.5:5557","kv_block_size":64,"dp_rank":null,"dp_size":2,"request_transport":"http"}"#
@@ -79,7 +95,7 @@ mod tests {
             .map(|s| s.to_string())
             .collect();
         let role = crate::disagg::detect_role(EngineKind::Sglang, &args, false).unwrap();
-        let r = build_record(&facts(), role.as_ref(), "10.0.0.5", 64, None).unwrap();
+        let r = build_record(&facts(), role.as_ref(), "10.0.0.5", 64, None, None).unwrap();
         assert_eq!(r.disagg_mode, DisaggMode::Prefill);
         let meta = r.disagg_meta.unwrap();
         assert_eq!(

@@ -774,3 +774,57 @@ async fn registers_again_after_etcd_restarts_with_its_data_wiped() {
     }
     sidecar.kill();
 }
+
+#[tokio::test]
+async fn the_record_carries_the_tokenizers_digest_and_canary() {
+    use infera_testkit::model_files::{FixtureModel, model_dir};
+    let tokenizer = model_dir(FixtureModel::Qwen3).unwrap();
+    let etcd = infera_testkit::etcd_endpoint().await.unwrap();
+    let prefix = format!(
+        "/infera-test/{}/workers/",
+        infera_testkit::unique_name("sidecar-tok")
+    );
+    let port = free_port().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let args: Vec<String> = [
+        "sim",
+        "--etcd-endpoint",
+        &etcd,
+        "--etcd-prefix",
+        &prefix,
+        "--sim-binary",
+        sim_binary().to_str().unwrap(),
+        "--served-model-name",
+        "fixture-model",
+        "--tokenizer",
+        tokenizer.to_str().unwrap(),
+        "--port",
+        &port.to_string(),
+        "--speedup",
+        "20",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut sidecar =
+        ServerProcess::start(Path::new(SIDECAR), &args, &dir.path().join("sidecar.log")).unwrap();
+    let key = build_worker_key(&prefix, &format!("127.0.0.1:{port}"));
+    let record = wait_key(&key, true, Duration::from_secs(60), &mut sidecar)
+        .await
+        .unwrap();
+    let kv = record.kv.expect("a kv block with the tokenizer identity");
+    // transformers' ids for the canary with this tokenizer (prompt/testdata/chat_fixtures.json).
+    let fixtures: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../prompt/testdata/chat_fixtures.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let expected: Vec<u32> =
+        serde_json::from_value(fixtures["models"]["qwen3"]["canary"]["ids"].clone()).unwrap();
+    assert_eq!(kv.tokenizer_canary, Some(expected));
+    assert_eq!(kv.tokenizer_digest.as_deref().map(str::len), Some(16));
+    assert_eq!(kv.engine_block_size, 16);
+    sidecar.kill();
+}
