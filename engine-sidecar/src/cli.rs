@@ -53,6 +53,8 @@ pub struct SidecarArgs {
     pub attach: bool,
     /// Accept a prefill/decode configuration that moves KV over TCP or a loopback host.
     pub disaggregation_allow_tcp: bool,
+    /// Register in this Pod's annotation (`kubernetes`) instead of etcd.
+    pub kubernetes_pod: Option<(String, String)>,
     /// Everything else, for the engine.
     pub engine_args: Vec<String>,
 }
@@ -88,6 +90,10 @@ pub enum CliError {
 pub const USAGE: &str = "Infera flags (each also as the environment variable in brackets):
   --etcd-endpoint URL[,URL]   etcd to register in [INFERA_ETCD_ENDPOINT] (http://127.0.0.1:2379)
   --etcd-prefix PREFIX        key prefix of worker records [INFERA_ETCD_PREFIX] (/infera/workers/)
+  --discovery-backend etcd|kubernetes   kubernetes: the record goes in this Pod's
+                              infera.amd.com/worker-info annotation (POD_NAME from the downward API)
+                              [INFERA_DISCOVERY_BACKEND] (etcd)
+  --k8s-namespace NS          the Pod's namespace [INFERA_K8S_NAMESPACE] (POD_NAMESPACE, else default)
   --advertise-host HOST       host the gateway reaches the engine at [INFERA_ADVERTISE_HOST] (127.0.0.1)
   --drain-timeout SECONDS     longest wait for in-flight requests on shutdown [INFERA_DRAIN_TIMEOUT] (60)
   --lease-ttl SECONDS         etcd lease TTL; keepalive every third of it [INFERA_LEASE_TTL] (30)
@@ -144,7 +150,7 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
         "1" | "true" | "yes"
     );
     let mut engine_args = Vec::new();
-    const VALUED: [&str; 12] = [
+    const VALUED: [&str; 14] = [
         "--etcd-endpoint",
         "--etcd-prefix",
         "--advertise-host",
@@ -157,6 +163,8 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
         "--sysfs-root",
         "--kv-event-transport",
         "--nats-server",
+        "--discovery-backend",
+        "--k8s-namespace",
     ];
     let mut it = args[1..].iter();
     while let Some(arg) = it.next() {
@@ -245,6 +253,31 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
         sysfs_root: get("--sysfs-root", "INFERA_SYSFS_ROOT", "/sys"),
         attach,
         disaggregation_allow_tcp: allow_tcp,
+        kubernetes_pod: match get("--discovery-backend", "INFERA_DISCOVERY_BACKEND", "etcd")
+            .as_str()
+        {
+            "etcd" => None,
+            "kubernetes" => {
+                let namespace = get(
+                    "--k8s-namespace",
+                    "INFERA_K8S_NAMESPACE",
+                    &env_or("POD_NAMESPACE", "default"),
+                );
+                let name = std::env::var("POD_NAME").map_err(|_| CliError::BadValue {
+                    flag: "--discovery-backend",
+                    message:
+                        "kubernetes needs the Pod's name in POD_NAME (downward API: metadata.name)"
+                            .into(),
+                })?;
+                Some((namespace, name))
+            }
+            other => {
+                return Err(CliError::BadValue {
+                    flag: "--discovery-backend",
+                    message: format!("{other:?}: expected etcd or kubernetes"),
+                });
+            }
+        },
         relay_nats: match get("--kv-event-transport", "INFERA_KV_EVENT_TRANSPORT", "zmq").as_str() {
             "zmq" => None,
             "nats" => Some(get(

@@ -9,6 +9,7 @@
 //! - [`engine`]: the engine process (health, page size, load, stop).
 //! - [`record`]: the worker record; [`registration`]: lease, keepalive, re-registration.
 
+pub mod annotation;
 pub mod cli;
 pub mod disagg;
 pub mod engine;

@@ -129,18 +129,24 @@ async fn start_relays(
     Ok(relays)
 }
 
-/// Registers (see [`run_registration`]) unless `skip` (a follower node of a multi-node
-/// worker), in which case it only waits for the stop.
+/// Registers in etcd (see [`run_registration`]) or in the Pod's annotation, unless
+/// `skip` (a follower node of a multi-node worker), which only waits for the stop.
 async fn run_registration_unless(
     skip: bool,
+    pod: Option<(String, String)>,
     reg: Registration,
     state: watch::Sender<RegistrationState>,
     mut stop: watch::Receiver<bool>,
 ) {
-    if skip {
-        let _ = stop.wait_for(|s| *s).await;
-    } else {
-        run_registration(reg, state, stop).await;
+    match (skip, pod) {
+        (true, _) => {
+            let _ = stop.wait_for(|s| *s).await;
+        }
+        (false, Some((namespace, name))) => {
+            let target = infera_engine_sidecar::annotation::PodTarget { namespace, name };
+            infera_engine_sidecar::annotation::run_annotation(target, reg.value, state, stop).await;
+        }
+        (false, None) => run_registration(reg, state, stop).await,
     }
 }
 
@@ -332,6 +338,7 @@ async fn run() -> i32 {
     }
     let registration = tokio::spawn(run_registration_unless(
         rank != 0,
+        args.kubernetes_pod.clone(),
         Registration {
             endpoints: args.etcd_endpoints.clone(),
             key: build_worker_key(&args.etcd_prefix, &record.worker_id),
@@ -355,9 +362,8 @@ async fn run() -> i32 {
             _ = int.recv() => break false,
             _ = status.drain_requested.notified() => { drain_via_http = true; break false }
             _ = state_rx.changed() => {
-                let s = *state_rx.borrow();
-                status.registered.store(s.registered, Ordering::SeqCst);
-                status.registrations.store(s.registrations, Ordering::SeqCst);
+                let current = *state_rx.borrow();
+                status.set_registered(current.registered, current.registrations);
             }
             _ = tokio::time::sleep(Duration::from_millis(500)) => {
                 if let Some(code) = engine.exited() {

@@ -20,6 +20,8 @@ pub struct SidecarStatus {
     pub registered: AtomicBool,
     /// Registrations so far.
     pub registrations: AtomicU64,
+    /// When the current registration was made (lease granted or annotation written).
+    pub registered_at: std::sync::Mutex<Option<std::time::Instant>>,
     /// A shutdown (SIGTERM or `/drain`) is under way.
     pub draining: AtomicBool,
     /// KV-event batches relayed.
@@ -36,6 +38,7 @@ impl SidecarStatus {
         Arc::new(Self {
             registered: AtomicBool::new(false),
             registrations: AtomicU64::new(0),
+            registered_at: std::sync::Mutex::new(None),
             draining: AtomicBool::new(false),
             relayed: AtomicU64::new(0),
             drain_requested: Notify::new(),
@@ -55,9 +58,36 @@ pub fn build_status_router(status: Shared) -> Router {
         .with_state(status)
 }
 
+impl SidecarStatus {
+    /// Seconds since the current registration, if registered.
+    pub fn registration_age(&self) -> Option<f64> {
+        if !self.registered.load(Ordering::SeqCst) {
+            return None;
+        }
+        self.registered_at
+            .lock()
+            .ok()?
+            .map(|t| t.elapsed().as_secs_f64())
+    }
+
+    /// Records a (re)registration or its loss.
+    pub fn set_registered(&self, registered: bool, registrations: u64) {
+        let before = self.registrations.swap(registrations, Ordering::SeqCst);
+        if registered
+            && (before != registrations || !self.registered.load(Ordering::SeqCst))
+            && let Ok(mut at) = self.registered_at.lock()
+        {
+            *at = Some(std::time::Instant::now());
+        }
+        self.registered.store(registered, Ordering::SeqCst);
+    }
+}
+
 async fn health(State(s): State<Shared>) -> Response {
     axum::Json(json!({
         "registered": s.registered.load(Ordering::SeqCst),
+        "registration_age_s": s.registration_age(),
+        "registrations": s.registrations.load(Ordering::SeqCst),
         "draining": s.draining.load(Ordering::SeqCst),
     }))
     .into_response()
@@ -67,10 +97,12 @@ async fn metrics(State(s): State<Shared>) -> Response {
     let text = format!(
         "# HELP infera_sidecar_registered Whether the worker record is registered.\n# TYPE infera_sidecar_registered gauge\ninfera_sidecar_registered {}\n\
          # HELP infera_sidecar_registrations_total Times the record was registered.\n# TYPE infera_sidecar_registrations_total counter\ninfera_sidecar_registrations_total {}\n\
+         # HELP infera_sidecar_registration_age_seconds Seconds since the current registration (lease granted or annotation written).\n# TYPE infera_sidecar_registration_age_seconds gauge\ninfera_sidecar_registration_age_seconds {}\n\
          # HELP infera_sidecar_draining Whether a drain is under way.\n# TYPE infera_sidecar_draining gauge\ninfera_sidecar_draining {}\n\
          # HELP infera_sidecar_kv_events_relayed_total KV-event batches relayed to NATS.\n# TYPE infera_sidecar_kv_events_relayed_total counter\ninfera_sidecar_kv_events_relayed_total {}\n",
         u8::from(s.registered.load(Ordering::SeqCst)),
         s.registrations.load(Ordering::SeqCst),
+        s.registration_age().unwrap_or(0.0),
         u8::from(s.draining.load(Ordering::SeqCst)),
         s.relayed.load(Ordering::SeqCst),
     );

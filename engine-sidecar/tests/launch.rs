@@ -399,6 +399,26 @@ async fn attach_mode_drain_endpoint_blocks_until_the_engine_is_idle() {
     wait_key(&key, true, Duration::from_secs(30), &mut sidecar)
         .await
         .unwrap();
+    // The sidecar's own status: registered, with the registration's age.
+    let health: serde_json::Value = reqwest::get(format!("http://127.0.0.1:{status_port}/health"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["registered"], true, "{health}");
+    assert!(health["registration_age_s"].is_number(), "{health}");
+    let metrics = reqwest::get(format!("http://127.0.0.1:{status_port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("infera_sidecar_registered 1")
+            && metrics.contains("infera_sidecar_registration_age_seconds"),
+        "{metrics}"
+    );
     // A request in flight: 300 tokens at ~5 ms each.
     let body = serde_json::json!({"model": "fixture-model", "prompt": "hello", "max_tokens": 300, "stream": true});
     let resp = reqwest::Client::new()
@@ -827,4 +847,87 @@ async fn the_record_carries_the_tokenizers_digest_and_canary() {
     assert_eq!(kv.tokenizer_digest.as_deref().map(str::len), Some(16));
     assert_eq!(kv.engine_block_size, 16);
     sidecar.kill();
+}
+
+#[tokio::test]
+async fn kubernetes_discovery_puts_the_record_in_the_pod_annotation() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, PostParams};
+    let kube = infera_testkit::kube_client().await.unwrap();
+    let kubeconfig = infera_testkit::kubeconfig().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(kube, "default");
+    let pod_name = infera_testkit::unique_name("engine");
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod_name, "labels": {"infera.amd.com/deployment": "fixture"}},
+        "spec": {"containers": [{"name": "engine", "image": "fixture.invalid/engine:0"}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let port = free_port().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let args: Vec<String> = [
+        "sim",
+        "--discovery-backend",
+        "kubernetes",
+        "--advertise-host",
+        "10.1.2.3",
+        "--sim-binary",
+        sim_binary().to_str().unwrap(),
+        "--served-model-name",
+        "fixture-model",
+        "--port",
+        &port.to_string(),
+        "--speedup",
+        "20",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let env = [
+        ("KUBECONFIG", kubeconfig.to_str().unwrap()),
+        ("POD_NAME", pod_name.as_str()),
+        ("POD_NAMESPACE", "default"),
+    ];
+    let sidecar = ServerProcess::start_with_env(
+        Path::new(SIDECAR),
+        &args,
+        &env,
+        &dir.path().join("sidecar.log"),
+    )
+    .unwrap();
+    let annotation = |p: &Pod| {
+        p.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("infera.amd.com/worker-info").cloned())
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let record = loop {
+        if let Some(json) = annotation(&pods.get(&pod_name).await.unwrap()) {
+            break WorkerRecord::from_json(json.as_bytes()).unwrap();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no annotation: {}",
+            sidecar.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(record.worker_id, format!("10.1.2.3:{port}"));
+    #[allow(unsafe_code)]
+    // SAFETY: signals our own child process.
+    unsafe {
+        libc::kill(sidecar.pid() as i32, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while annotation(&pods.get(&pod_name).await.unwrap()).is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the annotation stayed: {}",
+            sidecar.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    pods.delete(&pod_name, &Default::default()).await.unwrap();
 }
