@@ -13,6 +13,10 @@ use std::time::{Duration, Instant};
 
 const SIDECAR: &str = env!("CARGO_BIN_EXE_infera-engine-sidecar");
 
+fn args_of(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
 /// `target/<profile>/infera-sim`, built by `cargo test --workspace` (the README's test
 /// command); `cargo build -p infera-sim` when running this crate's tests alone.
 fn sim_binary() -> PathBuf {
@@ -41,7 +45,7 @@ async fn launch(prefix: &str, ttl: &str) -> Launched {
     let etcd = infera_testkit::etcd_endpoint().await.unwrap();
     let port = free_port().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let args: Vec<String> = [
+    let args: Vec<String> = args_of(&[
         "sim",
         "--etcd-endpoint",
         &etcd,
@@ -64,10 +68,7 @@ async fn launch(prefix: &str, ttl: &str) -> Launched {
         "vllm",
         "--speedup",
         "20",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    ]);
     let sidecar =
         ServerProcess::start(Path::new(SIDECAR), &args, &dir.path().join("sidecar.log")).unwrap();
     Launched {
@@ -179,31 +180,19 @@ async fn registers_serves_reregisters_and_deregisters_before_stopping() {
         .unwrap();
 
     // SIGTERM: the key goes first, while the engine still serves.
-    let pid = l.sidecar.pid() as i32;
-    #[allow(unsafe_code)]
-    // SAFETY: signals our own child process.
-    unsafe {
-        libc::kill(pid, libc::SIGTERM);
-    }
+    l.sidecar.terminate();
     wait_key(&l.key, false, Duration::from_secs(10), &mut l.sidecar).await;
     assert!(
         health_ok(l.port),
         "the engine was still up when its key was removed"
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while l.sidecar.exited().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "the sidecar did not exit: {}",
-            l.sidecar.log_tail(20)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let exit = l.sidecar.wait_exit(Duration::from_secs(20)).await;
     assert!(
-        l.sidecar.exited().unwrap().success(),
-        "{}",
+        exit.is_some(),
+        "the sidecar did not exit: {}",
         l.sidecar.log_tail(20)
     );
+    assert!(exit.unwrap().success(), "{}", l.sidecar.log_tail(20));
     assert!(!health_ok(l.port), "the engine stopped after the drain");
 }
 
@@ -267,7 +256,7 @@ async fn kv_events_reach_jetstream_byte_for_byte() {
     );
     let port = free_port().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let args: Vec<String> = [
+    let args: Vec<String> = args_of(&[
         "sim",
         "--etcd-endpoint",
         &etcd,
@@ -287,10 +276,7 @@ async fn kv_events_reach_jetstream_byte_for_byte() {
         &port.to_string(),
         "--speedup",
         "20",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    ]);
     let mut sidecar =
         ServerProcess::start(Path::new(SIDECAR), &args, &dir.path().join("sidecar.log")).unwrap();
     let key = build_worker_key(&prefix, &format!("127.0.0.1:{port}"));
@@ -363,18 +349,15 @@ async fn attach_mode_drain_endpoint_blocks_until_the_engine_is_idle() {
     let (port, status_port) = (free_port().unwrap(), free_port().unwrap());
     let dir = tempfile::tempdir().unwrap();
     // The engine runs on its own (its container), at real-time speed.
-    let engine_args: Vec<String> = [
+    let engine_args: Vec<String> = args_of(&[
         "--served-model-name",
         "fixture-model",
         "--port",
         &port.to_string(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    ]);
     let mut engine =
         ServerProcess::start(&sim_binary(), &engine_args, &dir.path().join("engine.log")).unwrap();
-    let args: Vec<String> = [
+    let args: Vec<String> = args_of(&[
         "sim",
         "--attach",
         "--status-port",
@@ -389,10 +372,7 @@ async fn attach_mode_drain_endpoint_blocks_until_the_engine_is_idle() {
         "fixture-model",
         "--port",
         &port.to_string(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    ]);
     let mut sidecar =
         ServerProcess::start(Path::new(SIDECAR), &args, &dir.path().join("sidecar.log")).unwrap();
     let key = build_worker_key(&prefix, &format!("127.0.0.1:{port}"));
@@ -452,16 +432,13 @@ async fn attach_mode_drain_endpoint_blocks_until_the_engine_is_idle() {
         "/drain answered before the engine was idle"
     );
     assert!(health_ok(port), "attach mode never stops the engine itself");
-    #[allow(unsafe_code)]
-    // SAFETY: signals our own child process.
-    unsafe {
-        libc::kill(sidecar.pid() as i32, libc::SIGTERM);
-    }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while sidecar.exited().is_none() {
-        assert!(Instant::now() < deadline, "{}", sidecar.log_tail(20));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    sidecar.terminate();
+    let exit = sidecar.wait_exit(Duration::from_secs(10)).await;
+    assert!(
+        exit.is_some(),
+        "the sidecar did not exit: {}",
+        sidecar.log_tail(20)
+    );
     engine.kill();
 }
 
@@ -537,7 +514,7 @@ async fn prepares_each_engines_argv_and_env_exactly() {
             "/infera-test/{}/workers/",
             infera_testkit::unique_name("sidecar-prep")
         );
-        let mut args: Vec<String> = [
+        let mut args: Vec<String> = args_of(&[
             engine,
             "--etcd-endpoint",
             &etcd,
@@ -545,10 +522,7 @@ async fn prepares_each_engines_argv_and_env_exactly() {
             &prefix,
             "--sysfs-root",
             sysfs.to_str().unwrap(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        ]);
         args.extend(user_args.iter().map(|s| s.to_string()));
         args.extend(["--port".to_owned(), port.to_string()]);
         let path = format!(
@@ -632,11 +606,7 @@ async fn sigterm_lets_in_flight_requests_finish_before_the_engine_stops() {
         .unwrap();
     let mut stream = resp.bytes_stream();
     stream.next().await.unwrap().unwrap();
-    #[allow(unsafe_code)]
-    // SAFETY: signals our own child process.
-    unsafe {
-        libc::kill(l.sidecar.pid() as i32, libc::SIGTERM);
-    }
+    l.sidecar.terminate();
     wait_key(&l.key, false, Duration::from_secs(5), &mut l.sidecar).await;
     let mut rest = Vec::new();
     while let Some(chunk) = stream.next().await {
@@ -646,11 +616,12 @@ async fn sigterm_lets_in_flight_requests_finish_before_the_engine_stops() {
         String::from_utf8_lossy(&rest).ends_with("data: [DONE]\n\n"),
         "the request finished"
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while l.sidecar.exited().is_none() {
-        assert!(Instant::now() < deadline, "{}", l.sidecar.log_tail(20));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let exit = l.sidecar.wait_exit(Duration::from_secs(20)).await;
+    assert!(
+        exit.is_some(),
+        "the sidecar did not exit: {}",
+        l.sidecar.log_tail(20)
+    );
     assert!(!health_ok(l.port), "the engine stopped after the drain");
 }
 
@@ -676,7 +647,7 @@ async fn prefill_and_decode_workers_register_their_role_and_connector_params() {
         );
         let port = free_port().unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let mut args: Vec<String> = [
+        let mut args: Vec<String> = args_of(&[
             "sim",
             "--etcd-endpoint",
             &etcd,
@@ -691,10 +662,7 @@ async fn prefill_and_decode_workers_register_their_role_and_connector_params() {
             &port.to_string(),
             "--speedup",
             "20",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        ]);
         args.extend(flags.iter().map(|s| s.to_string()));
         let mut sidecar =
             ServerProcess::start(Path::new(SIDECAR), &args, &dir.path().join("sidecar.log"))
@@ -738,7 +706,7 @@ async fn registers_again_after_etcd_restarts_with_its_data_wiped() {
     let etcd_port: u16 = endpoint.rsplit(':').next().unwrap().parse().unwrap();
     let port = free_port().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let args: Vec<String> = [
+    let args: Vec<String> = args_of(&[
         "sim",
         "--etcd-endpoint",
         &endpoint,
@@ -752,10 +720,7 @@ async fn registers_again_after_etcd_restarts_with_its_data_wiped() {
         &port.to_string(),
         "--speedup",
         "20",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    ]);
     let mut sidecar =
         ServerProcess::start(Path::new(SIDECAR), &args, &dir.path().join("sidecar.log")).unwrap();
     let key = build_worker_key(
@@ -806,7 +771,7 @@ async fn the_record_carries_the_tokenizers_digest_and_canary() {
     );
     let port = free_port().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let args: Vec<String> = [
+    let args: Vec<String> = args_of(&[
         "sim",
         "--etcd-endpoint",
         &etcd,
@@ -822,10 +787,7 @@ async fn the_record_carries_the_tokenizers_digest_and_canary() {
         &port.to_string(),
         "--speedup",
         "20",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    ]);
     let mut sidecar =
         ServerProcess::start(Path::new(SIDECAR), &args, &dir.path().join("sidecar.log")).unwrap();
     let key = build_worker_key(&prefix, &format!("127.0.0.1:{port}"));
@@ -866,7 +828,7 @@ async fn kubernetes_discovery_puts_the_record_in_the_pod_annotation() {
     pods.create(&PostParams::default(), &pod).await.unwrap();
     let port = free_port().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let args: Vec<String> = [
+    let args: Vec<String> = args_of(&[
         "sim",
         "--discovery-backend",
         "kubernetes",
@@ -880,10 +842,7 @@ async fn kubernetes_discovery_puts_the_record_in_the_pod_annotation() {
         &port.to_string(),
         "--speedup",
         "20",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    ]);
     let env = [
         ("KUBECONFIG", kubeconfig.to_str().unwrap()),
         ("POD_NAME", pod_name.as_str()),
@@ -915,11 +874,7 @@ async fn kubernetes_discovery_puts_the_record_in_the_pod_annotation() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(record.worker_id, format!("10.1.2.3:{port}"));
-    #[allow(unsafe_code)]
-    // SAFETY: signals our own child process.
-    unsafe {
-        libc::kill(sidecar.pid() as i32, libc::SIGTERM);
-    }
+    sidecar.terminate();
     let deadline = Instant::now() + Duration::from_secs(20);
     while annotation(&pods.get(&pod_name).await.unwrap()).is_some() {
         assert!(

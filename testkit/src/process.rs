@@ -117,6 +117,32 @@ impl ServerProcess {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
+    /// Sends SIGTERM (a graceful stop request) without waiting.
+    #[allow(unsafe_code)]
+    pub fn terminate(&self) {
+        // SAFETY: kill(2) on our own child's pid; no memory is shared.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit; `None` if it is still running.
+    pub async fn wait_exit(
+        &mut self,
+        timeout: std::time::Duration,
+    ) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.exited() {
+                return Some(status);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
     /// Kills the process and waits for it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
