@@ -5,12 +5,16 @@
 use crate::anthropic::{
     StreamTranslator, build_chat_request, build_message_response, format_event,
 };
+use crate::config::RouterMode;
 use crate::dispatch::{DispatchContext, dispatch};
 use crate::gateway::Gateway;
-use crate::kv_router::block_size_of;
+use crate::kv_router::{RequestBlocks, block_size_of};
 use crate::metrics::{KvGauges, Outcome};
-use crate::relay::{RequestGuard, relay_body};
-use crate::router::route;
+use crate::pd::connectors::{PdError, PdIds, PdPair, resolve_protocol};
+use crate::pd::dispatch::send_pair;
+use crate::registry::{Snapshot, Target};
+use crate::relay::{Abort, RequestGuard, relay_body};
+use crate::router::{Route, RouteError, build_attempt_candidates, pinned, route};
 use crate::validate::{ApiKind, validate_request};
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -22,7 +26,9 @@ use axum::routing::{get, post};
 use futures::StreamExt;
 use infera_proto::error_class::{ApiError, ErrorClass};
 use infera_proto::retention::{Retention, overlap_weight_factor, parse_retention_hint};
+use infera_proto::worker::DisaggMode;
 use serde_json::{Map, Value, json};
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -187,23 +193,19 @@ async fn openai(gw: Shared, kind: ApiKind, headers: HeaderMap, body: Body) -> Re
             return error_response(&e, Shape::OpenAi, &rid);
         }
     };
-    match forward(&gw, &body, &info.model, input, &rid, started).await {
-        Ok((dispatched, guard)) => {
-            let sse = is_sse(&dispatched.response);
-            let worker = dispatched.target.record.worker_id.clone();
-            let status = dispatched.response.status();
-            let content_type = dispatched
-                .response
-                .headers()
-                .get(header::CONTENT_TYPE)
-                .cloned();
+    match forward(&gw, &headers, &body, &info.model, input, &rid, started).await {
+        Ok(fwd) => {
+            let sse = is_sse(&fwd.response);
+            let status = fwd.response.status();
+            let content_type = fwd.response.headers().get(header::CONTENT_TYPE).cloned();
             let stream = relay_body(
-                dispatched.response,
-                guard,
+                fwd.response,
+                fwd.guard,
                 gw.breakers.clone(),
-                worker,
+                fwd.worker,
                 sse,
                 Duration::from_secs_f64(gw.cfg.stream_idle_timeout_s),
+                fwd.abort,
             );
             let mut resp = Response::new(Body::from_stream(stream));
             *resp.status_mut() =
@@ -224,30 +226,170 @@ fn is_sse(resp: &reqwest::Response) -> bool {
         .is_some_and(|ct| ct.starts_with("text/event-stream"))
 }
 
+/// A worker's response on its way to the client, with the request's bookkeeping.
+struct Forwarded {
+    /// The response (body not yet read).
+    response: reqwest::Response,
+    /// The worker answering (the decode worker of a prefill/decode pair).
+    worker: String,
+    /// Owns metrics, in-flight counts and kv charges until the relay ends.
+    guard: RequestGuard,
+    /// Ends the relay early (a prefill leg failed).
+    abort: Option<Abort>,
+}
+
+/// Where a request goes once direct-mode pins are applied.
+enum Plan<'s> {
+    Mixed(Cow<'s, [Target]>),
+    Disagg(Cow<'s, [Target]>, Cow<'s, [Target]>),
+}
+
+/// Header naming the worker (mixed or decode) an external picker chose.
+pub const WORKER_PIN_HEADER: &str = "x-worker-instance-id";
+
+/// Header naming the prefill worker an external picker chose.
+pub const PREFILL_PIN_HEADER: &str = "x-prefill-instance-id";
+
+fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+}
+
+/// The AutoRouter's decision, with direct mode's pins replacing the picks they name.
+fn plan<'s>(
+    gw: &Gateway,
+    snapshot: &'s Snapshot,
+    headers: &HeaderMap,
+    model: &str,
+) -> Result<Plan<'s>, RouteError> {
+    let direct = gw.cfg.router_mode == RouterMode::Direct;
+    let worker_pin = header_str(headers, WORKER_PIN_HEADER).filter(|_| direct);
+    let prefill_pin = header_str(headers, PREFILL_PIN_HEADER).filter(|_| direct);
+    if worker_pin.is_none() && prefill_pin.is_none() {
+        return Ok(match route(snapshot, model)? {
+            Route::Mixed(t) => Plan::Mixed(Cow::Borrowed(t)),
+            Route::Disagg { prefill, decode } => {
+                Plan::Disagg(Cow::Borrowed(prefill), Cow::Borrowed(decode))
+            }
+        });
+    }
+    let pool = |mode: DisaggMode| -> Result<Cow<'s, [Target]>, RouteError> {
+        let pools = snapshot.models.get(model);
+        let targets = pools.map_or(&[][..], |p| match mode {
+            DisaggMode::Prefill => &p.prefill,
+            _ => &p.decode,
+        });
+        if targets.is_empty() {
+            return Err(RouteError::MissingPool {
+                model: model.to_owned(),
+                missing: mode.as_str(),
+            });
+        }
+        Ok(Cow::Borrowed(targets))
+    };
+    let prefill = match prefill_pin {
+        Some(id) => Some(Cow::Owned(pinned(
+            snapshot,
+            PREFILL_PIN_HEADER,
+            id,
+            model,
+            &[DisaggMode::Prefill],
+        )?)),
+        None => None,
+    };
+    match worker_pin {
+        Some(id) => {
+            let modes: &[DisaggMode] = if prefill.is_some() {
+                &[DisaggMode::Decode]
+            } else {
+                &[DisaggMode::Mixed, DisaggMode::Decode]
+            };
+            let worker = pinned(snapshot, WORKER_PIN_HEADER, id, model, modes)?;
+            if worker[0].record.disagg_mode == DisaggMode::Mixed {
+                return Ok(Plan::Mixed(Cow::Owned(worker)));
+            }
+            let prefill = match prefill {
+                Some(p) => p,
+                None => pool(DisaggMode::Prefill)?,
+            };
+            Ok(Plan::Disagg(prefill, Cow::Owned(worker)))
+        }
+        None => Ok(Plan::Disagg(
+            prefill.unwrap_or_default(),
+            pool(DisaggMode::Decode)?,
+        )),
+    }
+}
+
+/// The kv-aware block hashes of a request, for the block sizes of `targets`.
+fn hash_blocks<'t>(
+    gw: &Gateway,
+    input: RouteInput,
+    body: &Map<String, Value>,
+    targets: impl Iterator<Item = &'t Target>,
+) -> Option<RequestBlocks> {
+    gw.kv.as_ref().map(|kv| {
+        let sizes = targets.filter_map(|t| block_size_of(&t.record)).collect();
+        kv.hash_request(input.kind, body, &sizes)
+    })
+}
+
 /// Routes and dispatches; on success the guard owns the request's bookkeeping.
 async fn forward(
     gw: &Shared,
+    headers: &HeaderMap,
     body: &Map<String, Value>,
     model: &str,
     input: RouteInput,
     rid: &str,
     started: Instant,
-) -> Result<(crate::dispatch::Dispatched, RequestGuard), ApiError> {
+) -> Result<Forwarded, ApiError> {
     let snapshot = gw.registry.snapshot();
-    let candidates = route(&snapshot, model).map_err(|e| {
+    let planned = plan(gw, &snapshot, headers, model).map_err(|e| {
         gw.metrics
             .request_rejected("mixed", Outcome::NoWorker, started);
         e.to_api_error()
     })?;
-    gw.metrics.request_started("mixed");
-    let mut guard = RequestGuard {
-        metrics: gw.metrics.clone(),
-        router: "mixed",
-        started,
-        outcome: Outcome::Cancelled,
-        inflight: None,
-        kv_charge: None,
-    };
+    match planned {
+        Plan::Mixed(candidates) => forward_mixed(gw, &candidates, body, input, rid, started).await,
+        Plan::Disagg(prefill, decode) => {
+            forward_pd(gw, &prefill, &decode, body, input, rid, started).await
+        }
+    }
+}
+
+/// The guard's outcome for a worker's status, until the body is relayed.
+fn outcome_for(status: reqwest::StatusCode) -> Outcome {
+    if status.is_server_error() {
+        Outcome::UpstreamError
+    } else if status.is_client_error() {
+        Outcome::ClientError
+    } else {
+        Outcome::Cancelled
+    }
+}
+
+/// The guard's outcome for an error answered instead of a worker's response.
+fn outcome_of_error(e: &ApiError) -> Outcome {
+    match e.class {
+        ErrorClass::GatewayTimeout => Outcome::Timeout,
+        ErrorClass::BadRequest => Outcome::ClientError,
+        _ => Outcome::UpstreamError,
+    }
+}
+
+async fn forward_mixed(
+    gw: &Shared,
+    candidates: &[Target],
+    body: &Map<String, Value>,
+    input: RouteInput,
+    rid: &str,
+    started: Instant,
+) -> Result<Forwarded, ApiError> {
+    let mut guard = RequestGuard::new(gw.metrics.clone(), "mixed", started);
     let ctx = DispatchContext {
         client: &gw.client,
         breakers: &gw.breakers,
@@ -255,18 +397,12 @@ async fn forward(
         max_retries: gw.cfg.request_max_retries,
         timeout: Duration::from_secs_f64(gw.cfg.request_timeout_s),
     };
-    let blocks = gw.kv.as_ref().map(|kv| {
-        let sizes = candidates
-            .iter()
-            .filter_map(|t| block_size_of(&t.record))
-            .collect();
-        kv.hash_request(input.kind, body, &sizes)
-    });
+    let blocks = hash_blocks(gw, input, body, candidates.iter());
     let weight = gw
         .kv
         .as_ref()
         .map_or(1.0, |kv| kv.weight * overlap_weight_factor(input.hint));
-    let choose = |options: &[&crate::registry::Target]| match (&gw.kv, &blocks) {
+    let choose = |options: &[&Target]| match (&gw.kv, &blocks) {
         (Some(kv), Some(blocks)) => kv.choose(options, blocks, weight),
         _ => gw.policy.pick(options),
     };
@@ -283,25 +419,119 @@ async fn forward(
     {
         Ok(d) => {
             if let (Some(kv), Some(blocks)) = (&gw.kv, &blocks) {
-                guard.kv_charge = kv.commit(&d.target, blocks, "mixed");
+                guard
+                    .kv_charges
+                    .extend(kv.commit(&d.target, blocks, "mixed"));
             }
             let worker = d.target.record.worker_id.clone();
             gw.inflight.acquire(&worker);
-            guard.inflight = Some((gw.inflight.clone(), worker));
-            guard.outcome = if d.response.status().is_server_error() {
-                Outcome::UpstreamError
-            } else if d.response.status().is_client_error() {
-                Outcome::ClientError
-            } else {
-                Outcome::Cancelled
-            };
-            Ok((d, guard))
+            guard.inflight.push((gw.inflight.clone(), worker.clone()));
+            guard.outcome = outcome_for(d.response.status());
+            Ok(Forwarded {
+                response: d.response,
+                worker,
+                guard,
+                abort: None,
+            })
         }
         Err(e) => {
-            guard.outcome = match e.class {
-                ErrorClass::GatewayTimeout => Outcome::Timeout,
-                _ => Outcome::UpstreamError,
-            };
+            guard.outcome = outcome_of_error(&e);
+            Err(e)
+        }
+    }
+}
+
+/// The DisaggRouter: one prefill and one decode worker, each leg scored with its own
+/// kv-aware weight and filtered by its own breakers, then both legs sent.
+async fn forward_pd(
+    gw: &Shared,
+    prefill: &[Target],
+    decode: &[Target],
+    body: &Map<String, Value>,
+    input: RouteInput,
+    rid: &str,
+    started: Instant,
+) -> Result<Forwarded, ApiError> {
+    let mut guard = RequestGuard::new(gw.metrics.clone(), "disagg", started);
+    let blocks = hash_blocks(gw, input, body, prefill.iter().chain(decode));
+    let factor = overlap_weight_factor(input.hint);
+    let pick = |pool: &[Target], weight: f64| -> Option<Target> {
+        let now = Instant::now();
+        let options = build_attempt_candidates(pool, &[], |t| {
+            gw.breakers.is_available(&t.record.worker_id, now)
+        });
+        let index = match (&gw.kv, &blocks) {
+            (Some(kv), Some(blocks)) => kv.choose(&options, blocks, weight * factor),
+            _ => gw.policy.pick(&options),
+        }?;
+        Some(options[index].clone())
+    };
+    let no_worker = |role: &str| {
+        ApiError::new(
+            ErrorClass::ServiceUnavailable,
+            format!("no {role} worker is available"),
+        )
+    };
+    let picked = pick(prefill, gw.cfg.kv_prefill_overlap_weight)
+        .ok_or_else(|| no_worker("prefill"))
+        .and_then(|p| {
+            pick(decode, gw.cfg.kv_decode_overlap_weight)
+                .map(|d| (p, d))
+                .ok_or_else(|| no_worker("decode"))
+        })
+        .and_then(|(p, d)| {
+            let protocol = resolve_protocol(&p.record, &d.record)
+                .and_then(|protocol| {
+                    if protocol.completions_only() && input.kind == ApiKind::Chat {
+                        Err(PdError::CompletionsOnly { protocol })
+                    } else {
+                        Ok(protocol)
+                    }
+                })
+                .map_err(|e| {
+                    gw.metrics.record_pd_failure(e.reason());
+                    e.to_api_error()
+                })?;
+            Ok((p, d, protocol))
+        });
+    let (p, d, protocol) = match picked {
+        Ok(picked) => picked,
+        Err(e) => {
+            guard.outcome = outcome_of_error(&e);
+            return Err(e);
+        }
+    };
+    guard.pd_protocol = Some(protocol);
+    let now = Instant::now();
+    for (target, role) in [(&p, "prefill"), (&d, "decode")] {
+        let worker = &target.record.worker_id;
+        gw.breakers.try_acquire(worker, now);
+        gw.metrics.record_pick(role, worker);
+        if let (Some(kv), Some(blocks)) = (&gw.kv, &blocks) {
+            guard.kv_charges.extend(kv.commit(target, blocks, role));
+        }
+        gw.inflight.acquire(worker);
+        guard.inflight.push((gw.inflight.clone(), worker.clone()));
+    }
+    let pair = PdPair {
+        protocol,
+        prefill: &p,
+        decode: &d,
+        ids: PdIds::random(&p),
+        retention: input.retention,
+    };
+    match send_pair(gw, &pair, input.kind.path(), body, rid).await {
+        Ok(opened) => {
+            guard.outcome = outcome_for(opened.response.status());
+            Ok(Forwarded {
+                response: opened.response,
+                worker: d.record.worker_id.clone(),
+                guard,
+                abort: opened.abort,
+            })
+        }
+        Err(e) => {
+            guard.outcome = outcome_of_error(&e);
             Err(e)
         }
     }
@@ -337,13 +567,14 @@ async fn messages(State(gw): State<Shared>, headers: HeaderMap, body: Body) -> R
         .unwrap_or_default()
         .to_owned();
     let stream = chat.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    let (dispatched, mut guard) = match forward(&gw, &chat, &model, input, &rid, started).await {
-        Ok(d) => d,
+    let fwd = match forward(&gw, &headers, &chat, &model, input, &rid, started).await {
+        Ok(f) => f,
         Err(e) => return error_response(&e, Shape::Anthropic, &rid),
     };
-    let status = dispatched.response.status();
+    let mut guard = fwd.guard;
+    let status = fwd.response.status();
     if !status.is_success() {
-        let text = dispatched.response.text().await.unwrap_or_default();
+        let text = fwd.response.text().await.unwrap_or_default();
         let class = if status.is_client_error() {
             ErrorClass::BadRequest
         } else {
@@ -356,7 +587,7 @@ async fn messages(State(gw): State<Shared>, headers: HeaderMap, body: Body) -> R
         );
     }
     if !stream {
-        let parsed = match dispatched.response.bytes().await {
+        let parsed = match fwd.response.bytes().await {
             Ok(b) => serde_json::from_slice::<Value>(&b).map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };
@@ -381,14 +612,14 @@ async fn messages(State(gw): State<Shared>, headers: HeaderMap, body: Body) -> R
             &rid,
         );
     }
-    let worker = dispatched.target.record.worker_id.clone();
     let upstream = relay_body(
-        dispatched.response,
+        fwd.response,
         guard,
         gw.breakers.clone(),
-        worker,
+        fwd.worker,
         true,
         Duration::from_secs_f64(gw.cfg.stream_idle_timeout_s),
+        fwd.abort,
     );
     let translated = translate_stream(upstream, StreamTranslator::new(&model, &rid));
     let mut resp = Response::new(Body::from_stream(translated));
@@ -472,7 +703,7 @@ async fn workers(State(gw): State<Shared>) -> Response {
                 "disagg_mode": w.disagg_mode,
                 "dp_size": w.dp_size,
                 "kv_block_size": w.kv_block_size,
-                "state": if state == "closed" { "active" } else { "degraded" },
+                "state": if snap.is_draining(&w.worker_id) { "draining" } else if state == "closed" { "active" } else { "degraded" },
                 "breaker": {"state": state, "trips": breaker.map_or(0, |b| b.trips())},
                 "inflight": gw.inflight.get(&w.worker_id),
             })

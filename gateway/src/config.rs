@@ -82,7 +82,8 @@ impl From<RetentionArg> for Retention {
 }
 
 /// Infera gateway: serves the OpenAI API (and Anthropic's /v1/messages) and routes each
-/// request to an engine worker discovered in etcd (or a static file).
+/// request to an engine worker discovered in etcd, in Kubernetes Pod annotations, or in a
+/// static file.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "infera-gateway", version, about, long_about = None)]
 pub struct GatewayConfig {
@@ -94,7 +95,10 @@ pub struct GatewayConfig {
     #[arg(long, env = "INFERA_PORT", default_value_t = 8000)]
     pub port: u16,
 
-    /// auto: pick workers per request; direct: honour worker pins from an external picker.
+    /// auto: pick workers per request (mixed, or prefill/decode pairs); direct: send to
+    /// the workers an external endpoint picker named in `x-worker-instance-id` (mixed or
+    /// decode) and `x-prefill-instance-id` (prefill), without failover; requests without
+    /// them are routed as in auto.
     #[arg(long, env = "INFERA_ROUTER_MODE", value_enum, default_value_t = RouterMode::Auto)]
     pub router_mode: RouterMode,
 
@@ -128,13 +132,20 @@ pub struct GatewayConfig {
     #[arg(long, env = "INFERA_STATIC_WORKERS")]
     pub static_workers: Option<PathBuf>,
 
-    /// Label selector of worker Pods (kubernetes discovery).
+    /// Label selector of worker Pods (kubernetes discovery), e.g.
+    /// `infera.amd.com/deployment=llama`.
     #[arg(long, env = "INFERA_K8S_LABEL_SELECTOR")]
     pub k8s_label_selector: Option<String>,
 
-    /// Namespace of worker Pods (kubernetes discovery).
+    /// Namespace of worker Pods (kubernetes discovery); unset: the gateway's own
+    /// namespace in a cluster (else the kubeconfig context's, else `default`).
     #[arg(long, env = "INFERA_K8S_NAMESPACE")]
     pub k8s_namespace: Option<String>,
+
+    /// Kubeconfig for kubernetes discovery; unset: `KUBECONFIG` or `~/.kube/config`,
+    /// then the in-cluster service account.
+    #[arg(long, env = "INFERA_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
 
     /// Where kv-aware routing reads engine KV events from.
     #[arg(long, env = "INFERA_KV_EVENT_TRANSPORT", value_enum, default_value_t = KvEventTransport::Zmq)]
@@ -245,15 +256,28 @@ impl GatewayConfig {
                 "--kv-overlap-weight must be zero or positive".into(),
             ));
         }
-        if self.router_mode == RouterMode::Direct {
-            return Err(ConfigError(
-                "--router-mode direct is not available yet in this gateway; use auto".into(),
-            ));
+        for (name, w) in [
+            (
+                "--kv-prefill-overlap-weight",
+                self.kv_prefill_overlap_weight,
+            ),
+            ("--kv-decode-overlap-weight", self.kv_decode_overlap_weight),
+        ] {
+            if w.is_nan() || w < 0.0 {
+                return Err(ConfigError(format!("{name} must be zero or positive")));
+            }
         }
         match self.discovery_backend {
-            DiscoveryBackend::Kubernetes => {
+            DiscoveryBackend::Kubernetes
+                if self
+                    .k8s_label_selector
+                    .as_deref()
+                    .is_none_or(|s| s.trim().is_empty()) =>
+            {
                 return Err(ConfigError(
-                    "--discovery-backend kubernetes is not available yet in this gateway; use etcd or static".into(),
+                    "--discovery-backend kubernetes needs --k8s-label-selector SELECTOR \
+                     (the labels of the worker Pods, e.g. infera.amd.com/deployment=NAME)"
+                        .into(),
                 ));
             }
             DiscoveryBackend::Static if self.static_workers.is_none() => {
@@ -329,13 +353,15 @@ mod tests {
     }
 
     #[test]
-    fn capabilities_not_built_yet_are_refused_with_a_reason() {
+    fn inconsistent_flags_are_refused_with_a_reason() {
         let cfg = GatewayConfig::try_parse_from(["g", "--router-mode", "direct"]).unwrap();
+        assert!(cfg.validate().is_ok());
+        let cfg = GatewayConfig::try_parse_from(["g", "--kv-prefill-overlap-weight=-1"]).unwrap();
         assert!(
             cfg.validate()
                 .unwrap_err()
                 .to_string()
-                .contains("not available yet")
+                .contains("--kv-prefill-overlap-weight")
         );
         let cfg = GatewayConfig::try_parse_from([
             "g",
@@ -358,6 +384,23 @@ mod tests {
                 .to_string()
                 .contains("--static-workers")
         );
+        let cfg =
+            GatewayConfig::try_parse_from(["g", "--discovery-backend", "kubernetes"]).unwrap();
+        assert!(
+            cfg.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("--k8s-label-selector")
+        );
+        let cfg = GatewayConfig::try_parse_from([
+            "g",
+            "--discovery-backend",
+            "kubernetes",
+            "--k8s-label-selector",
+            "infera.amd.com/deployment=fixture",
+        ])
+        .unwrap();
+        assert!(cfg.validate().is_ok());
         let cfg = GatewayConfig::try_parse_from(["g", "--request-timeout-s", "0"]).unwrap();
         assert!(
             cfg.validate()

@@ -118,7 +118,8 @@ pub async fn dispatch(
         .unwrap_or_else(|| ApiError::new(ErrorClass::ServiceUnavailable, "no worker is available")))
 }
 
-fn root_cause(e: &reqwest::Error) -> String {
+/// The innermost cause of a client error ("connection refused", not "error sending request").
+pub fn root_cause(e: &reqwest::Error) -> String {
     let mut source: &dyn std::error::Error = e;
     while let Some(next) = source.source() {
         source = next;

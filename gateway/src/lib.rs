@@ -19,6 +19,7 @@ pub mod kv_ingest;
 pub mod kv_policy;
 pub mod kv_router;
 pub mod metrics;
+pub mod pd;
 pub mod policy;
 pub mod prefix_index;
 pub mod registry;

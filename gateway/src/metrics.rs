@@ -69,7 +69,8 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    fn name(self) -> &'static str {
+    /// The label value.
+    pub fn name(self) -> &'static str {
         match self {
             Self::Ok => "ok",
             Self::ClientError => "client_error",
@@ -94,6 +95,10 @@ struct Inner {
     cache_hits: BTreeMap<String, u64>,
     unhashed: BTreeMap<&'static str, u64>,
     kv_events: BTreeMap<&'static str, u64>,
+    pd_legs: BTreeMap<&'static str, Histogram>,
+    pd_failures: BTreeMap<&'static str, u64>,
+    pd_requests: BTreeMap<(&'static str, Outcome), u64>,
+    pd_decode_retries: u64,
 }
 
 /// kv-aware gauges read at render time.
@@ -198,6 +203,31 @@ impl Metrics {
         self.with(|m| *m.kv_events.entry(outcome).or_default() += 1);
     }
 
+    /// How long a prefill/decode leg took (`prefill`: until its answer was read;
+    /// `decode`: until its response headers).
+    pub fn observe_pd_leg(&self, leg: &'static str, secs: f64) {
+        self.with(|m| m.pd_legs.entry(leg).or_default().observe(secs));
+    }
+
+    /// A prefill/decode request that could not be set up or lost its prefill, by reason.
+    pub fn record_pd_failure(&self, reason: &'static str) {
+        self.with(|m| *m.pd_failures.entry(reason).or_default() += 1);
+    }
+
+    /// How a prefill/decode request ended.
+    pub fn record_pd_request(&self, protocol: infera_proto::pd::PdProtocol, outcome: Outcome) {
+        self.with(|m| {
+            *m.pd_requests
+                .entry((protocol.as_str(), outcome))
+                .or_default() += 1
+        });
+    }
+
+    /// A decode leg was opened again after a failure before its first byte.
+    pub fn record_pd_decode_retry(&self) {
+        self.with(|m| m.pd_decode_retries += 1);
+    }
+
     /// Forgets a worker's labels.
     pub fn remove_worker(&self, worker_id: &str) {
         self.with(|m| m.picks.retain(|(_, w), _| w != worker_id));
@@ -248,10 +278,7 @@ impl Metrics {
             "Registered workers by disaggregation mode.",
         );
         for (mode, n) in snapshot.count_by_mode() {
-            let mode = serde_json::to_value(mode)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default();
+            let mode = mode.as_str();
             let _ = writeln!(out, "infera_active_workers{{disagg_mode=\"{mode}\"}} {n}");
         }
         let now = Instant::now();
@@ -396,8 +423,61 @@ impl Metrics {
                 "infera_gateway_rejected_worker_records_total{{reason=\"{reason}\"}} {n}"
             );
         }
+        render_pd(&mut out, &m);
         out
     }
+}
+
+fn render_pd(out: &mut String, m: &Inner) {
+    header(
+        out,
+        "infera_pd_dispatch_duration_seconds",
+        "histogram",
+        "Prefill/decode legs: prefill until its answer was read, decode until its headers.",
+    );
+    for (leg, h) in &m.pd_legs {
+        h.render(
+            out,
+            "infera_pd_dispatch_duration_seconds",
+            &format!("leg=\"{leg}\""),
+        );
+    }
+    header(
+        out,
+        "infera_pd_bootstrap_failures_total",
+        "counter",
+        "Prefill/decode requests that failed to set up or lost their prefill, by reason.",
+    );
+    for (reason, n) in &m.pd_failures {
+        let _ = writeln!(
+            out,
+            "infera_pd_bootstrap_failures_total{{reason=\"{reason}\"}} {n}"
+        );
+    }
+    header(
+        out,
+        "infera_pd_requests_total",
+        "counter",
+        "Prefill/decode requests by connector and outcome.",
+    );
+    for ((protocol, outcome), n) in &m.pd_requests {
+        let _ = writeln!(
+            out,
+            "infera_pd_requests_total{{protocol=\"{protocol}\",outcome=\"{}\"}} {n}",
+            outcome.name()
+        );
+    }
+    header(
+        out,
+        "infera_pd_decode_open_retries_total",
+        "counter",
+        "Decode legs opened again after failing before their first byte.",
+    );
+    let _ = writeln!(
+        out,
+        "infera_pd_decode_open_retries_total {}",
+        m.pd_decode_retries
+    );
 }
 
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {

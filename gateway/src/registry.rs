@@ -4,6 +4,11 @@
 //! router reads an immutable [`Snapshot`] swapped atomically on every change. Writers
 //! are serialized by a mutex and copy the map (changes are rare, reads are per request).
 //! Removal listeners let breakers, policies and metrics forget a worker that leaves.
+//!
+//! A worker can be *draining*: listed (in [`Snapshot::workers`], so `/v1/workers` shows
+//! it and its breaker, in-flight count and KV index stay) but not routed (absent from
+//! [`Snapshot::models`]). Kubernetes discovery drains the worker of a Pod being deleted
+//! until the Pod is gone, so no new request reaches an engine that is shutting down.
 
 use arc_swap::ArcSwap;
 use infera_proto::worker::{DisaggMode, RequestTransport, RouteTarget, WorkerRecord};
@@ -36,16 +41,21 @@ pub struct Pools {
 /// An immutable view of the registry.
 #[derive(Debug, Default)]
 pub struct Snapshot {
-    /// Workers by id.
+    /// Workers by id, draining ones included.
     pub workers: BTreeMap<String, Arc<WorkerRecord>>,
-    /// Routing targets per model.
+    /// Ids of listed workers that take no new requests (each is in `workers`).
+    pub draining: BTreeSet<String>,
+    /// Routing targets per model (draining workers are left out).
     pub models: BTreeMap<String, Pools>,
 }
 
 impl Snapshot {
-    fn build(workers: BTreeMap<String, Arc<WorkerRecord>>) -> Self {
+    fn build(workers: BTreeMap<String, Arc<WorkerRecord>>, draining: BTreeSet<String>) -> Self {
         let mut models: BTreeMap<String, Pools> = BTreeMap::new();
-        for record in workers.values() {
+        for record in workers
+            .values()
+            .filter(|r| !draining.contains(&r.worker_id))
+        {
             let pools = models.entry(record.model_name.clone()).or_default();
             let pool = match record.disagg_mode {
                 DisaggMode::Mixed => &mut pools.mixed,
@@ -63,7 +73,23 @@ impl Snapshot {
                     }),
             );
         }
-        Self { workers, models }
+        Self {
+            workers,
+            draining,
+            models,
+        }
+    }
+
+    /// Whether `worker_id` is listed but takes no new requests.
+    pub fn is_draining(&self, worker_id: &str) -> bool {
+        self.draining.contains(worker_id)
+    }
+
+    /// The record of `worker_id` when it may take new requests (listed, not draining).
+    pub fn routable(&self, worker_id: &str) -> Option<&Arc<WorkerRecord>> {
+        self.workers
+            .get(worker_id)
+            .filter(|_| !self.is_draining(worker_id))
     }
 
     /// Names of the models served.
@@ -71,12 +97,12 @@ impl Snapshot {
         self.models.keys().map(String::as_str).collect()
     }
 
-    /// Workers per role.
+    /// Routable (not draining) workers per role.
     pub fn count_by_mode(&self) -> [(DisaggMode, usize); 3] {
         let count = |mode| {
             self.workers
                 .values()
-                .filter(|w| w.disagg_mode == mode)
+                .filter(|w| w.disagg_mode == mode && !self.is_draining(&w.worker_id))
                 .count()
         };
         [
@@ -165,14 +191,19 @@ impl Registry {
 
     fn modify(
         &self,
-        f: impl FnOnce(&mut BTreeMap<String, Arc<WorkerRecord>>) -> Vec<String>,
+        f: impl FnOnce(&mut BTreeMap<String, Arc<WorkerRecord>>, &mut BTreeSet<String>) -> Vec<String>,
     ) -> Vec<String> {
         let removed;
         {
             let _guard = self.write.lock();
-            let mut workers = self.snapshot.load().workers.clone();
-            removed = f(&mut workers);
-            self.snapshot.store(Arc::new(Snapshot::build(workers)));
+            let current = self.snapshot.load();
+            let mut workers = current.workers.clone();
+            let mut draining = current.draining.clone();
+            removed = f(&mut workers, &mut draining);
+            // A worker that left is no longer draining (it may come back fresh).
+            draining.retain(|id| workers.contains_key(id));
+            self.snapshot
+                .store(Arc::new(Snapshot::build(workers, draining)));
             self.version.send_modify(|v| *v += 1);
         }
         self.notify_removed(&removed);
@@ -215,8 +246,34 @@ impl Registry {
         false
     }
 
-    /// Adds or replaces a worker.
+    /// Adds or replaces a worker; a draining worker stays draining.
     pub fn upsert(&self, record: WorkerRecord) -> Change {
+        self.upsert_as(record, None)
+    }
+
+    /// Adds or replaces a worker and sets whether it is draining, in one change (so a
+    /// worker first seen draining is never routable, not even for an instant). A change
+    /// of the draining state alone is [`Change::Updated`].
+    pub fn upsert_draining(&self, record: WorkerRecord, draining: bool) -> Change {
+        self.upsert_as(record, Some(draining))
+    }
+
+    /// Sets whether a listed worker is draining; false when no such worker is listed.
+    pub fn set_draining(&self, worker_id: &str, draining: bool) -> bool {
+        let mut known = false;
+        self.modify(|workers, set| {
+            known = workers.contains_key(worker_id);
+            if known && draining {
+                set.insert(worker_id.to_owned());
+            } else {
+                set.remove(worker_id);
+            }
+            Vec::new()
+        });
+        known
+    }
+
+    fn upsert_as(&self, record: WorkerRecord, draining: Option<bool>) -> Change {
         if !self.check_canary(&record) {
             return Change::RejectedCanary;
         }
@@ -228,14 +285,21 @@ impl Registry {
             );
         }
         let mut change = Change::Added;
-        self.modify(|workers| {
+        self.modify(|workers, set| {
             match workers.get(&record.worker_id) {
                 Some(old) if **old == record => change = Change::Unchanged,
                 Some(_) => change = Change::Updated,
                 None => {}
             }
+            let flipped = match draining {
+                Some(true) => set.insert(record.worker_id.clone()),
+                Some(false) => set.remove(&record.worker_id),
+                None => false,
+            };
             if change != Change::Unchanged {
                 workers.insert(record.worker_id.clone(), Arc::new(record));
+            } else if flipped {
+                change = Change::Updated;
             }
             Vec::new()
         });
@@ -245,7 +309,7 @@ impl Registry {
     /// Removes a worker; true if it was there.
     pub fn remove(&self, worker_id: &str) -> bool {
         !self
-            .modify(|workers| {
+            .modify(|workers, _| {
                 workers
                     .remove(worker_id)
                     .map(|_| vec![worker_id.to_owned()])
@@ -254,13 +318,14 @@ impl Registry {
             .is_empty()
     }
 
-    /// Replaces every worker (a full re-sync); returns the ids that left.
+    /// Replaces every worker (a full re-sync); returns the ids that left. Workers that stay
+    /// keep their draining state.
     pub fn replace_all(&self, records: Vec<WorkerRecord>) -> Vec<String> {
         let records: Vec<WorkerRecord> = records
             .into_iter()
             .filter(|r| self.check_canary(r))
             .collect();
-        self.modify(|workers| {
+        self.modify(|workers, _| {
             let fresh: BTreeMap<String, Arc<WorkerRecord>> = records
                 .into_iter()
                 .map(|r| (r.worker_id.clone(), Arc::new(r)))
@@ -362,5 +427,82 @@ mod tests {
         assert!(!reg.remove("a:1"));
         assert_eq!(removed.load(Ordering::SeqCst), 3);
         assert!(reg.snapshot().workers.is_empty());
+    }
+
+    #[test]
+    fn a_draining_worker_is_listed_but_not_routed() {
+        let reg = Registry::new();
+        let a = mk_record("a:1", "m", DisaggMode::Mixed, 1);
+        reg.upsert(a.clone());
+        reg.upsert(mk_record("b:1", "m", DisaggMode::Mixed, 1));
+        assert!(reg.set_draining("a:1", true));
+        let snap = reg.snapshot();
+        assert!(snap.workers.contains_key("a:1"));
+        assert!(snap.is_draining("a:1") && !snap.is_draining("b:1"));
+        assert!(snap.routable("a:1").is_none() && snap.routable("b:1").is_some());
+        let keys: Vec<&str> = snap.models["m"]
+            .mixed
+            .iter()
+            .map(|t| t.key.as_str())
+            .collect();
+        assert_eq!(keys, vec!["b:1"]);
+        assert_eq!(
+            reg.upsert(a.clone()),
+            Change::Unchanged,
+            "a plain upsert keeps the draining state"
+        );
+        assert!(reg.snapshot().is_draining("a:1"));
+        assert!(
+            !reg.set_draining("nobody:1", true),
+            "unknown workers are not drained"
+        );
+        assert!(!reg.snapshot().is_draining("nobody:1"));
+
+        assert!(reg.set_draining("b:1", true));
+        let snap = reg.snapshot();
+        assert!(
+            !snap.models.contains_key("m"),
+            "a model whose every worker drains is not served"
+        );
+        assert_eq!(snap.workers.len(), 2);
+
+        assert!(reg.set_draining("a:1", false));
+        assert_eq!(reg.snapshot().models["m"].mixed.len(), 1);
+        assert!(reg.remove("b:1"));
+        reg.upsert(mk_record("b:1", "m", DisaggMode::Mixed, 1));
+        assert!(
+            !reg.snapshot().is_draining("b:1"),
+            "a worker that left and came back is not draining"
+        );
+    }
+
+    #[test]
+    fn upsert_draining_sets_record_and_state_in_one_change() {
+        let reg = Registry::new();
+        let mut changes = reg.subscribe_changes();
+        changes.mark_unchanged();
+        let a = mk_record("a:1", "m", DisaggMode::Mixed, 2);
+        assert_eq!(reg.upsert_draining(a.clone(), true), Change::Added);
+        let snap = reg.snapshot();
+        assert!(snap.is_draining("a:1") && snap.models.is_empty());
+        assert_eq!(
+            *changes.borrow_and_update(),
+            1,
+            "one snapshot, never routable"
+        );
+        assert_eq!(reg.upsert_draining(a.clone(), true), Change::Unchanged);
+        assert_eq!(reg.upsert_draining(a.clone(), false), Change::Updated);
+        assert_eq!(reg.snapshot().models["m"].mixed.len(), 2);
+        let mut a2 = a.clone();
+        a2.kv_block_size = Some(64);
+        assert_eq!(reg.upsert_draining(a2, true), Change::Updated);
+        assert!(reg.snapshot().is_draining("a:1"));
+        assert_eq!(reg.replace_all(vec![a]), Vec::<String>::new());
+        assert!(
+            reg.snapshot().is_draining("a:1"),
+            "a re-sync keeps the state of workers that stay"
+        );
+        assert!(reg.replace_all(Vec::new()) == vec!["a:1".to_owned()]);
+        assert!(reg.snapshot().draining.is_empty());
     }
 }

@@ -2,18 +2,25 @@
 //! whole), while measuring TTFT and inter-chunk latency, enforcing an idle timeout, and
 //! turning a mid-stream failure into an SSE error event. Dropping the relay (the
 //! client went away) drops the upstream connection, which cancels the request on the
-//! worker.
+//! worker. A prefill/decode request's relay also ends, with an error event, when its
+//! prefill leg fails (the decode would otherwise wait for a KV transfer that never
+//! comes).
 
 use crate::breaker::Breakers;
 use crate::metrics::{Metrics, Outcome};
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use infera_proto::error_class::{ApiError, ErrorClass};
+use infera_proto::pd::PdProtocol;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 type Upstream = Pin<Box<dyn Stream<Item = Result<Bytes, reqwest::Error>> + Send>>;
+
+/// Resolves with an error when the relay must stop (a prefill leg failed).
+pub type Abort = Pin<Box<dyn Future<Output = ApiError> + Send>>;
 
 /// Bookkeeping that must happen however the response ends.
 #[derive(Debug)]
@@ -26,10 +33,28 @@ pub struct RequestGuard {
     pub started: Instant,
     /// Outcome if the relay ends now (cancelled until the body completes).
     pub outcome: Outcome,
-    /// Per-worker in-flight counter to release.
-    pub inflight: Option<(Arc<crate::gateway::Inflight>, String)>,
+    /// Per-worker in-flight counters to release.
+    pub inflight: Vec<(Arc<crate::gateway::Inflight>, String)>,
     /// kv-aware in-flight blocks, released on drop.
-    pub kv_charge: Option<crate::kv_router::KvCharge>,
+    pub kv_charges: Vec<crate::kv_router::KvCharge>,
+    /// The connector of a prefill/decode request.
+    pub pd_protocol: Option<PdProtocol>,
+}
+
+impl RequestGuard {
+    /// A guard for a request routed by `router`, cancelled until told otherwise.
+    pub fn new(metrics: Arc<Metrics>, router: &'static str, started: Instant) -> Self {
+        metrics.request_started(router);
+        Self {
+            metrics,
+            router,
+            started,
+            outcome: Outcome::Cancelled,
+            inflight: Vec::new(),
+            kv_charges: Vec::new(),
+            pd_protocol: None,
+        }
+    }
 }
 
 impl RequestGuard {
@@ -43,7 +68,10 @@ impl Drop for RequestGuard {
     fn drop(&mut self) {
         self.metrics
             .request_finished(self.router, self.outcome, self.started);
-        if let Some((inflight, worker)) = &self.inflight {
+        if let Some(protocol) = self.pd_protocol {
+            self.metrics.record_pd_request(protocol, self.outcome);
+        }
+        for (inflight, worker) in &self.inflight {
             inflight.release(worker);
         }
     }
@@ -58,6 +86,27 @@ struct RelayState {
     idle: Duration,
     last: Option<Instant>,
     done: bool,
+    abort: Option<Abort>,
+}
+
+/// The next upstream chunk, or the abort's error if it fires first.
+async fn next_or_abort(
+    upstream: &mut Upstream,
+    abort: &mut Option<Abort>,
+) -> Result<Option<Result<Bytes, reqwest::Error>>, ApiError> {
+    match abort {
+        None => Ok(upstream.next().await),
+        Some(a) => {
+            tokio::select! {
+                biased;
+                e = a => {
+                    *abort = None;
+                    Err(e)
+                }
+                next = upstream.next() => Ok(next),
+            }
+        }
+    }
 }
 
 /// The client-bound body for an upstream response.
@@ -68,6 +117,7 @@ pub fn relay_body(
     worker: String,
     sse: bool,
     idle: Duration,
+    abort: Option<Abort>,
 ) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send {
     let state = RelayState {
         upstream: Box::pin(response.bytes_stream()),
@@ -78,13 +128,25 @@ pub fn relay_body(
         idle,
         last: None,
         done: false,
+        abort,
     };
     futures::stream::unfold(state, |mut st| async move {
         if st.done {
             return None;
         }
-        let failure = match tokio::time::timeout(st.idle, st.upstream.next()).await {
-            Ok(Some(Ok(chunk))) => {
+        let next = tokio::time::timeout(st.idle, next_or_abort(&mut st.upstream, &mut st.abort));
+        let failure = match next.await {
+            Ok(Err(aborted)) => {
+                st.guard.outcome = Outcome::UpstreamError;
+                st.done = true;
+                tracing::warn!(worker = %st.worker, "{}", aborted.message);
+                return Some(if st.sse {
+                    (Ok(Bytes::from(aborted.to_sse_event())), st)
+                } else {
+                    (Err(std::io::Error::other(aborted.message)), st)
+                });
+            }
+            Ok(Ok(Some(Ok(chunk)))) => {
                 let now = Instant::now();
                 match st.last {
                     None => st
@@ -99,11 +161,11 @@ pub fn relay_body(
                 st.last = Some(now);
                 return Some((Ok(chunk), st));
             }
-            Ok(None) => {
+            Ok(Ok(None)) => {
                 st.guard.set_outcome(Outcome::Ok);
                 return None;
             }
-            Ok(Some(Err(e))) => {
+            Ok(Ok(Some(Err(e)))) => {
                 st.guard.outcome = Outcome::UpstreamError;
                 ApiError::new(
                     ErrorClass::BadGateway,

@@ -1,9 +1,11 @@
-//! Choosing where a request goes (pure). AutoRouter: mixed workers serve the request;
-//! a model with only prefill/decode pools needs both (a missing pool is a 503 naming
-//! it); prefill/decode disaggregation itself arrives with the DisaggRouter.
+//! Choosing where a request goes (pure). AutoRouter, per request and model: both
+//! prefill and decode pools present -> the DisaggRouter (a prefill/decode pair); only
+//! one of them and no mixed worker -> 503 naming the missing pool; otherwise the
+//! MixedRouter. Direct mode resolves the worker ids an external picker pinned.
 
 use crate::registry::{Snapshot, Target};
 use infera_proto::error_class::{ApiError, ErrorClass};
+use infera_proto::worker::DisaggMode;
 
 /// Why a request cannot be routed.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,10 +24,28 @@ pub enum RouteError {
         /// `prefill` or `decode`.
         missing: &'static str,
     },
-    /// Both pools exist but this gateway cannot split requests yet.
-    DisaggregationUnavailable {
-        /// Model.
-        model: String,
+    /// A pinned worker (direct mode) is not registered, or not usable for the role.
+    UnknownWorker {
+        /// The header that named it.
+        header: &'static str,
+        /// Worker id.
+        worker: String,
+        /// Why it cannot take the request.
+        why: String,
+    },
+}
+
+/// Where a request goes.
+#[derive(Debug, Clone, Copy)]
+pub enum Route<'s> {
+    /// One worker among these serves it whole.
+    Mixed(&'s [Target]),
+    /// A prefill worker and a decode worker serve it together.
+    Disagg {
+        /// Prefill candidates.
+        prefill: &'s [Target],
+        /// Decode candidates.
+        decode: &'s [Target],
     },
 }
 
@@ -47,18 +67,17 @@ impl RouteError {
                 format!("model '{model}' has prefill/decode workers but no {missing} worker is available"),
             )
             .with_code(format!("missing_{missing}_pool")),
-            Self::DisaggregationUnavailable { model } => ApiError::new(
-                ErrorClass::NotImplemented,
-                format!(
-                    "model '{model}' is served by prefill/decode workers only; prefill/decode routing is not available yet in this gateway"
-                ),
-            ),
+            Self::UnknownWorker { header, worker, why } => ApiError::new(
+                ErrorClass::ServiceUnavailable,
+                format!("{header} names worker '{worker}', which {why} (stale routing in the endpoint picker?)"),
+            )
+            .with_code("worker_not_found"),
         }
     }
 }
 
-/// The candidate targets for `model`, in a stable order.
-pub fn route<'s>(snapshot: &'s Snapshot, model: &str) -> Result<&'s [Target], RouteError> {
+/// Where a request for `model` goes; candidates in a stable order.
+pub fn route<'s>(snapshot: &'s Snapshot, model: &str) -> Result<Route<'s>, RouteError> {
     let Some(pools) = snapshot.models.get(model) else {
         return Err(RouteError::UnknownModel {
             model: model.to_owned(),
@@ -69,13 +88,12 @@ pub fn route<'s>(snapshot: &'s Snapshot, model: &str) -> Result<&'s [Target], Ro
                 .collect(),
         });
     };
-    if !pools.mixed.is_empty() {
-        return Ok(&pools.mixed);
-    }
     match (pools.prefill.is_empty(), pools.decode.is_empty()) {
-        (false, false) => Err(RouteError::DisaggregationUnavailable {
-            model: model.to_owned(),
+        (false, false) => Ok(Route::Disagg {
+            prefill: &pools.prefill,
+            decode: &pools.decode,
         }),
+        _ if !pools.mixed.is_empty() => Ok(Route::Mixed(&pools.mixed)),
         (true, _) => Err(RouteError::MissingPool {
             model: model.to_owned(),
             missing: "prefill",
@@ -85,6 +103,46 @@ pub fn route<'s>(snapshot: &'s Snapshot, model: &str) -> Result<&'s [Target], Ro
             missing: "decode",
         }),
     }
+}
+
+/// The worker a direct-mode header pins, as a one-target list (no data-parallel
+/// steering: the picker addressed the worker, whose engine spreads over its ranks).
+pub fn pinned(
+    snapshot: &Snapshot,
+    header: &'static str,
+    worker_id: &str,
+    model: &str,
+    modes: &[DisaggMode],
+) -> Result<Vec<Target>, RouteError> {
+    let unknown = |why: String| RouteError::UnknownWorker {
+        header,
+        worker: worker_id.to_owned(),
+        why,
+    };
+    let record = snapshot
+        .workers
+        .get(worker_id)
+        .ok_or_else(|| unknown("is not registered".into()))?;
+    if snapshot.is_draining(worker_id) {
+        return Err(unknown("is draining (its Pod is being deleted)".into()));
+    }
+    if record.model_name != model {
+        return Err(unknown(format!(
+            "serves model '{}', not '{model}'",
+            record.model_name
+        )));
+    }
+    if !modes.contains(&record.disagg_mode) {
+        return Err(unknown(format!(
+            "is a {} worker",
+            record.disagg_mode.as_str()
+        )));
+    }
+    Ok(vec![Target {
+        record: record.clone(),
+        key: record.worker_id.clone(),
+        dp_rank: None,
+    }])
 }
 
 /// The candidates still worth trying: not yet tried, and with a breaker that takes
@@ -107,7 +165,7 @@ pub fn build_attempt_candidates<'t>(
 mod tests {
     use super::*;
     use crate::registry::Registry;
-    use infera_proto::worker::{DisaggMode, WorkerRecord};
+    use infera_proto::worker::WorkerRecord;
 
     fn mk_record(id: &str, mode: DisaggMode) -> WorkerRecord {
         let mut r = WorkerRecord::from_json(
@@ -138,20 +196,44 @@ mod tests {
             }
         );
         assert_eq!(err.to_api_error().class.status(), 503);
-        reg.upsert(mk_record("d:1", DisaggMode::Decode));
-        assert_eq!(
-            route(&reg.snapshot(), "m")
-                .unwrap_err()
-                .to_api_error()
-                .class
-                .status(),
-            501
-        );
         reg.upsert(mk_record("x:1", DisaggMode::Mixed));
-        assert_eq!(route(&reg.snapshot(), "m").unwrap().len(), 1);
+        // One pool plus mixed workers: the mixed workers serve.
+        assert!(matches!(route(&reg.snapshot(), "m").unwrap(), Route::Mixed(t) if t.len() == 1));
+        reg.upsert(mk_record("d:1", DisaggMode::Decode));
+        // Both pools: disaggregated, even with mixed workers around.
+        assert!(matches!(
+            route(&reg.snapshot(), "m").unwrap(),
+            Route::Disagg { prefill, decode } if prefill.len() == 1 && decode.len() == 1
+        ));
         let err = route(&reg.snapshot(), "other").unwrap_err().to_api_error();
         assert_eq!(err.class.status(), 404);
         assert!(err.message.contains("available: m"));
+    }
+
+    #[test]
+    fn pins_resolve_registered_workers_of_the_right_role() {
+        let reg = Registry::new();
+        reg.upsert(mk_record("p:1", DisaggMode::Prefill));
+        reg.upsert(mk_record("x:1", DisaggMode::Mixed));
+        let snap = reg.snapshot();
+        let mixed = [DisaggMode::Mixed, DisaggMode::Decode];
+        let t = pinned(&snap, "x-worker-instance-id", "x:1", "m", &mixed).unwrap();
+        assert_eq!((t.len(), t[0].key.as_str(), t[0].dp_rank), (1, "x:1", None));
+        let err = pinned(&snap, "x-worker-instance-id", "p:1", "m", &mixed).unwrap_err();
+        assert!(err.to_api_error().message.contains("is a prefill worker"));
+        let err = pinned(&snap, "x-worker-instance-id", "gone:1", "m", &mixed)
+            .unwrap_err()
+            .to_api_error();
+        assert_eq!(
+            (err.class.status(), err.code.as_deref()),
+            (503, Some("worker_not_found"))
+        );
+        assert!(
+            err.message
+                .contains("x-worker-instance-id names worker 'gone:1'")
+        );
+        let err = pinned(&snap, "x-worker-instance-id", "x:1", "other", &mixed).unwrap_err();
+        assert!(err.to_api_error().message.contains("serves model 'm'"));
     }
 
     #[test]
@@ -161,7 +243,9 @@ mod tests {
             reg.upsert(mk_record(id, DisaggMode::Mixed));
         }
         let snap = reg.snapshot();
-        let all = route(&snap, "m").unwrap();
+        let Route::Mixed(all) = route(&snap, "m").unwrap() else {
+            panic!("mixed")
+        };
         let keys = |v: Vec<&Target>| v.iter().map(|t| t.key.clone()).collect::<Vec<_>>();
         assert_eq!(
             keys(build_attempt_candidates(all, &["a:1".into()], |t| t.key != "b:1")),

@@ -5,6 +5,7 @@
 use crate::api::build_router;
 use crate::config::{ConfigError, DiscoveryBackend, KvEventTransport};
 use crate::discovery::etcd::run_etcd_discovery;
+use crate::discovery::kubernetes::{build_kube_client, run_kubernetes_discovery};
 use crate::discovery::static_file::{load_worker_file, watch_worker_file};
 use crate::gateway::Gateway;
 use crate::kv_ingest::{run_nats_ingest, run_zmq_ingest};
@@ -79,7 +80,25 @@ pub async fn start_gateway(
                 ));
             }
         }
-        DiscoveryBackend::Kubernetes => {}
+        DiscoveryBackend::Kubernetes => {
+            let client = build_kube_client(cfg.kubeconfig.as_deref())
+                .await
+                .map_err(|e| ConfigError(e.to_string()))?;
+            let namespace = cfg
+                .k8s_namespace
+                .clone()
+                .unwrap_or_else(|| client.default_namespace().to_owned());
+            // `validate` refuses the kubernetes backend without a selector.
+            let selector = cfg.k8s_label_selector.clone().unwrap_or_default();
+            tasks.spawn(run_kubernetes_discovery(
+                client,
+                namespace,
+                selector,
+                gateway.registry.clone(),
+                gateway.metrics.clone(),
+                stop_rx.clone(),
+            ));
+        }
     }
     finish_start(gateway, listener, stop, stop_rx, tasks)
 }

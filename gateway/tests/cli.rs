@@ -39,14 +39,17 @@ fn help_lists_the_earlier_servers_flags() {
 }
 
 #[test]
-fn unavailable_settings_stop_startup_with_a_reason() {
+fn unusable_settings_stop_startup_with_a_reason() {
     let out = Command::new(BIN)
-        .args(["--router-mode", "direct", "--port", "0"])
+        .args(["--kv-decode-overlap-weight=-2", "--port", "0"])
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8(out.stderr).unwrap();
-    assert!(err.contains("direct is not available yet"), "{err}");
+    assert!(
+        err.contains("--kv-decode-overlap-weight must be zero or positive"),
+        "{err}"
+    );
     let out = Command::new(BIN)
         .args([
             "--router-policy",

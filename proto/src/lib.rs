@@ -13,6 +13,7 @@
 //! - [`kv_events`]: decoding engine KV-event batches in every layout engines emit.
 //! - [`kv_stream`]: ZMQ framing and the NATS JetStream subjects events are relayed on.
 //! - [`retention`]: retention classes, client cache hints and per-engine forwarding.
+//! - [`pd`]: prefill/decode connector protocol names and their leg order.
 //! - [`error_class`]: the gateway's closed set of errors and their OpenAI/Anthropic JSON.
 
 pub mod block_hash;
@@ -20,6 +21,7 @@ pub mod discovery;
 pub mod error_class;
 pub mod kv_events;
 pub mod kv_stream;
+pub mod pd;
 pub mod retention;
 pub mod tokenizer;
 pub mod worker;

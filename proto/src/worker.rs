@@ -46,6 +46,17 @@ pub enum DisaggMode {
     Decode,
 }
 
+impl DisaggMode {
+    /// The name used on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Mixed => "mixed",
+            Self::Prefill => "prefill",
+            Self::Decode => "decode",
+        }
+    }
+}
+
 /// How the gateway sends requests to the worker.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

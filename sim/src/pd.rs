@@ -24,61 +24,8 @@
 
 use crate::openai::{Endpoint, Rejection};
 use serde_json::{Map, Value, json};
-use std::fmt;
-use std::str::FromStr;
 
-/// A prefill/decode connector protocol (the `disagg_meta.protocol` values).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PdProtocol {
-    /// SGLang with mooncake or mori transfer.
-    SglangBootstrap,
-    /// vLLM `MooncakeConnector`.
-    VllmMooncake,
-    /// vLLM `MoRIIOConnector`, write mode.
-    VllmMoriWrite,
-    /// vLLM `MoRIIOConnector`, read mode.
-    VllmMoriRead,
-    /// ATOM mooncake (pull).
-    AtomMooncake,
-}
-
-impl PdProtocol {
-    /// Every protocol.
-    pub const ALL: [PdProtocol; 5] = [
-        Self::SglangBootstrap,
-        Self::VllmMooncake,
-        Self::VllmMoriWrite,
-        Self::VllmMoriRead,
-        Self::AtomMooncake,
-    ];
-
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::SglangBootstrap => "sglang-bootstrap",
-            Self::VllmMooncake => "vllm-mooncake",
-            Self::VllmMoriWrite => "vllm-mori-write",
-            Self::VllmMoriRead => "vllm-mori-read",
-            Self::AtomMooncake => "atom-mooncake",
-        }
-    }
-}
-
-impl fmt::Display for PdProtocol {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for PdProtocol {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|p| p.as_str() == s)
-            .ok_or_else(|| format!("unknown PD protocol {s:?}"))
-    }
-}
+pub use infera_proto::pd::PdProtocol;
 
 /// Which leg this worker serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -482,13 +429,5 @@ mod tests {
             let got: Vec<&String> = meta["params"].as_object().unwrap().keys().collect();
             assert_eq!(got, want, "{protocol}");
         }
-    }
-
-    #[test]
-    fn protocol_names_round_trip() {
-        for p in PdProtocol::ALL {
-            assert_eq!(p.as_str().parse::<PdProtocol>().unwrap(), p);
-        }
-        assert!("vllm-nixl".parse::<PdProtocol>().is_err());
     }
 }

@@ -1,7 +1,9 @@
-//! Where worker records come from: an etcd prefix (range, then watch), a static file,
-//! or another crate feeding the [`crate::registry::Registry`] in-process.
+//! Where worker records come from: an etcd prefix (range, then watch), the annotations
+//! of Kubernetes Pods (list, then watch), a static file, or another crate feeding the
+//! [`crate::registry::Registry`] in-process.
 
 pub mod etcd;
+pub mod kubernetes;
 pub mod static_file;
 
 use crate::metrics::Metrics;

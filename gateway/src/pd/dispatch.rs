@@ -1,0 +1,336 @@
+//! Sending both legs of a prefill/decode request.
+//!
+//! The prefill leg always runs in its own task, so a client that goes away never
+//! cancels a KV transfer half done. Concurrent protocols send both legs at once and
+//! relay the decode; a prefill failure ends the request (502 before the decode's first
+//! byte, an error event after it) rather than leave the client waiting on a transfer
+//! that will not come. Serial protocols wait for the prefill's answer and hand its
+//! `kv_transfer_params` to the decode. The decode open is retried on the same worker
+//! (its peers were already told who it is) while no byte has come back.
+
+use super::connectors::{
+    Leg, PdError, PdPair, build_decode_leg, build_prefill_leg, extract_handoff,
+};
+use crate::gateway::Gateway;
+use crate::registry::Target;
+use crate::relay::Abort;
+use bytes::Bytes;
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use infera_proto::error_class::{ApiError, ErrorClass};
+use infera_proto::pd::PdTopology;
+use serde_json::{Map, Value};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Retries of a decode open that failed before its first byte.
+pub const DECODE_OPEN_RETRIES: u32 = 3;
+
+/// First wait between decode opens (doubling up to [`DECODE_RETRY_MAX_BACKOFF`]).
+pub const DECODE_RETRY_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Longest wait between decode opens.
+pub const DECODE_RETRY_MAX_BACKOFF: Duration = Duration::from_millis(500);
+
+/// A decode leg whose headers have arrived.
+pub struct PdOpened {
+    /// The decode worker's response (body not yet read).
+    pub response: reqwest::Response,
+    /// Ends the relay if the prefill fails while the decode streams.
+    pub abort: Option<Abort>,
+}
+
+impl std::fmt::Debug for PdOpened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PdOpened")
+            .field("status", &self.response.status())
+            .field("abort", &self.abort.is_some())
+            .finish()
+    }
+}
+
+type PrefillResult = Shared<BoxFuture<'static, Result<Bytes, ApiError>>>;
+
+/// Records a set-up failure and turns it into the client's error.
+fn setup_failed(gw: &Gateway, err: &PdError) -> ApiError {
+    gw.metrics.record_pd_failure(err.reason());
+    tracing::warn!(reason = err.reason(), "prefill/decode request: {:?}", err);
+    err.to_api_error()
+}
+
+fn post(
+    gw: &Gateway,
+    target: &Target,
+    path: &str,
+    leg: &Leg,
+    rid: &str,
+) -> reqwest::RequestBuilder {
+    let mut request = gw
+        .client
+        .post(format!("{}{path}", target.record.url.trim_end_matches('/')))
+        .header("content-type", "application/json")
+        .header("x-infera-request-id", rid)
+        .body(serde_json::to_vec(&leg.body).unwrap_or_default());
+    for (name, value) in &leg.headers {
+        request = request.header(*name, value);
+    }
+    request
+}
+
+/// An excerpt of an error body: the OpenAI `error.message` when there is one.
+fn error_text(body: &[u8]) -> String {
+    let parsed: Option<Value> = serde_json::from_slice(body).ok();
+    let message = parsed.as_ref().and_then(|v| {
+        v.pointer("/error/message")
+            .or_else(|| v.get("message"))
+            .or_else(|| v.get("error"))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    });
+    let text = message.unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+    text.chars().take(300).collect()
+}
+
+/// Runs the prefill leg to the end of its body in a task of its own.
+fn spawn_prefill(
+    gw: &Arc<Gateway>,
+    target: &Target,
+    path: &str,
+    leg: &Leg,
+    rid: &str,
+) -> PrefillResult {
+    let request = post(gw, target, path, leg, rid);
+    let gw = gw.clone();
+    let worker = target.record.worker_id.clone();
+    let task = tokio::spawn(async move {
+        let started = Instant::now();
+        let result = run_prefill(&gw, request, &worker).await;
+        gw.metrics
+            .observe_pd_leg("prefill", started.elapsed().as_secs_f64());
+        match &result {
+            Ok(_) => gw.breakers.on_success(&worker),
+            Err((reason, e)) => {
+                gw.metrics.record_pd_failure(reason);
+                if *reason != "prefill_rejected" {
+                    gw.breakers.on_failure(&worker, Instant::now());
+                }
+                tracing::warn!(worker = %worker, reason, "{}", e.message);
+            }
+        }
+        result.map_err(|(_, e)| e)
+    });
+    task.map(|joined| {
+        joined.unwrap_or_else(|e| {
+            Err(ApiError::new(
+                ErrorClass::Internal,
+                format!("the prefill task ended abnormally: {e}"),
+            ))
+        })
+    })
+    .boxed()
+    .shared()
+}
+
+async fn run_prefill(
+    gw: &Gateway,
+    request: reqwest::RequestBuilder,
+    worker: &str,
+) -> Result<Bytes, (&'static str, ApiError)> {
+    let timeout = Duration::from_secs_f64(gw.cfg.request_timeout_s);
+    let response = match tokio::time::timeout(timeout, request.send()).await {
+        Err(_) => {
+            return Err((
+                "prefill_timeout",
+                ApiError::new(
+                    ErrorClass::GatewayTimeout,
+                    format!("prefill worker {worker} did not answer within {timeout:?}"),
+                ),
+            ));
+        }
+        Ok(Err(e)) => {
+            return Err((
+                "prefill_unreachable",
+                ApiError::new(
+                    ErrorClass::BadGateway,
+                    format!(
+                        "prefill worker {worker} is unreachable: {}",
+                        crate::dispatch::root_cause(&e)
+                    ),
+                ),
+            ));
+        }
+        Ok(Ok(r)) => r,
+    };
+    let status = response.status();
+    let idle = Duration::from_secs_f64(gw.cfg.stream_idle_timeout_s);
+    let body = match tokio::time::timeout(idle, response.bytes()).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => {
+            return Err((
+                "prefill_error",
+                ApiError::new(
+                    ErrorClass::BadGateway,
+                    format!("prefill worker {worker} broke its answer: {e}"),
+                ),
+            ));
+        }
+        Err(_) => {
+            return Err((
+                "prefill_timeout",
+                ApiError::new(
+                    ErrorClass::GatewayTimeout,
+                    format!("prefill worker {worker} sent nothing for {idle:?}"),
+                ),
+            ));
+        }
+    };
+    if status.is_client_error() {
+        return Err((
+            "prefill_rejected",
+            ApiError::new(
+                ErrorClass::BadRequest,
+                format!(
+                    "prefill worker {worker} rejected the request ({status}): {}",
+                    error_text(&body)
+                ),
+            ),
+        ));
+    }
+    if !status.is_success() {
+        return Err((
+            "prefill_error",
+            ApiError::new(
+                ErrorClass::BadGateway,
+                format!(
+                    "prefill worker {worker} failed ({status}): {}",
+                    error_text(&body)
+                ),
+            ),
+        ));
+    }
+    Ok(body)
+}
+
+/// Opens the decode leg, retrying on the same worker while nothing came back.
+async fn open_decode(
+    gw: &Gateway,
+    target: &Target,
+    path: &str,
+    leg: &Leg,
+    rid: &str,
+) -> Result<reqwest::Response, ApiError> {
+    let worker = &target.record.worker_id;
+    let timeout = Duration::from_secs_f64(gw.cfg.request_timeout_s);
+    let started = Instant::now();
+    let mut backoff = DECODE_RETRY_BACKOFF;
+    let mut attempt = 0;
+    loop {
+        let failure =
+            match tokio::time::timeout(timeout, post(gw, target, path, leg, rid).send()).await {
+                Err(_) => {
+                    gw.breakers.on_failure(worker, Instant::now());
+                    return Err(ApiError::new(
+                        ErrorClass::GatewayTimeout,
+                        format!("decode worker {worker} did not answer within {timeout:?}"),
+                    ));
+                }
+                Ok(Ok(response)) if !response.status().is_server_error() => {
+                    gw.breakers.on_success(worker);
+                    gw.metrics
+                        .observe_pd_leg("decode", started.elapsed().as_secs_f64());
+                    return Ok(response);
+                }
+                Ok(Ok(response)) => {
+                    let status = response.status();
+                    let body = response.bytes().await.unwrap_or_default();
+                    format!("answered {status}: {}", error_text(&body))
+                }
+                Ok(Err(e)) => format!("is unreachable: {}", crate::dispatch::root_cause(&e)),
+            };
+        gw.breakers.on_failure(worker, Instant::now());
+        if attempt == DECODE_OPEN_RETRIES {
+            gw.metrics.record_pd_failure("decode_failed");
+            return Err(ApiError::new(
+                ErrorClass::BadGateway,
+                format!(
+                    "decode worker {worker} {failure} (after {} attempts)",
+                    DECODE_OPEN_RETRIES + 1
+                ),
+            ));
+        }
+        tracing::info!(worker = %worker, rid, attempt = attempt + 1, "decode open failed ({failure}); retrying");
+        gw.metrics.record_pd_decode_retry();
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(DECODE_RETRY_MAX_BACKOFF);
+        attempt += 1;
+    }
+}
+
+/// Sends a prefill/decode request over `pair`; returns the decode's open response.
+pub async fn send_pair(
+    gw: &Arc<Gateway>,
+    pair: &PdPair<'_>,
+    path: &str,
+    body: &Map<String, Value>,
+    rid: &str,
+) -> Result<PdOpened, ApiError> {
+    let prefill_leg = build_prefill_leg(pair, body).map_err(|e| setup_failed(gw, &e))?;
+    let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    match pair.protocol.topology() {
+        PdTopology::Concurrent => {
+            let decode_leg =
+                build_decode_leg(pair, body, None).map_err(|e| setup_failed(gw, &e))?;
+            let prefill = spawn_prefill(gw, pair.prefill, path, &prefill_leg, rid);
+            let mut failed: Abort = {
+                let prefill = prefill.clone();
+                Box::pin(async move {
+                    match prefill.await {
+                        Err(e) => e,
+                        Ok(_) => std::future::pending().await,
+                    }
+                })
+            };
+            let response = tokio::select! {
+                biased;
+                e = &mut failed => return Err(e),
+                opened = open_decode(gw, pair.decode, path, &decode_leg, rid) => opened?,
+            };
+            if !response.status().is_success() {
+                return Ok(PdOpened {
+                    response,
+                    abort: None,
+                });
+            }
+            if stream {
+                return Ok(PdOpened {
+                    response,
+                    abort: Some(failed),
+                });
+            }
+            // A whole answer exists only once the KV arrived: the prefill is done, or
+            // about to be; a failed one voids the answer.
+            prefill.await?;
+            Ok(PdOpened {
+                response,
+                abort: None,
+            })
+        }
+        PdTopology::Serial => {
+            let answer = spawn_prefill(gw, pair.prefill, path, &prefill_leg, rid).await?;
+            let handoff = serde_json::from_slice::<Value>(&answer)
+                .map_err(|e| PdError::BadHandoff {
+                    worker: pair.prefill.record.worker_id.clone(),
+                    detail: format!("the answer is not JSON ({e})"),
+                })
+                .and_then(|v| extract_handoff(pair.protocol, &pair.prefill.record, &v))
+                .map_err(|e| setup_failed(gw, &e))?;
+            let decode_leg =
+                build_decode_leg(pair, body, Some(&handoff)).map_err(|e| setup_failed(gw, &e))?;
+            let response = open_decode(gw, pair.decode, path, &decode_leg, rid).await?;
+            Ok(PdOpened {
+                response,
+                abort: None,
+            })
+        }
+    }
+}
