@@ -1,0 +1,3 @@
+//! The `infera` command line. Subcommands live in modules named after them.
+
+pub mod crds;

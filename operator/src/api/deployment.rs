@@ -1,0 +1,628 @@
+//! `InferaDeployment`: one served model, its engine workers (mixed, or prefill/decode
+//! units shaped by a `PDTopology`) and its gateways.
+
+use super::common::{EngineKind, Parallelism, RetentionClass, SecretKeyRef, SimFlavor, one};
+use k8s_openapi::api::core::v1::{
+    Affinity, EnvVar, ResourceRequirements, Toleration, TopologySpreadConstraint,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// A model served by engine workers behind gateways. `replicas` counts workers in mixed
+/// mode and topology units in disaggregated mode (a 1P2D topology at 2 gives 2 prefill
+/// and 4 decode workers); `kubectl scale` and autoscalers change it.
+// Several `printcolumn(...)` carry the same `type_`: not a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Debug, Clone, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[kube(
+    group = "infera.amd.com",
+    version = "v1alpha1",
+    kind = "InferaDeployment",
+    plural = "inferadeployments",
+    shortname = "idep",
+    namespaced,
+    status = "InferaDeploymentStatus",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(name = "Engine", type_ = "string", json_path = ".spec.engine.kind"),
+    printcolumn(name = "Mode", type_ = "string", json_path = ".spec.serving.mode"),
+    printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.replicas"),
+    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct InferaDeploymentSpec {
+    /// Workers in mixed mode; topology units in disaggregated mode (default 1).
+    #[serde(default = "one_i32")]
+    #[schemars(range(min = 0, max = 1024))]
+    pub replicas: i32,
+    /// The model and where its weights come from.
+    pub model: ModelSpec,
+    /// The inference engine and how each worker runs it.
+    pub engine: EngineSpec,
+    /// Mixed workers, or prefill/decode disaggregation.
+    #[serde(default)]
+    pub serving: ServingSpec,
+    /// Node networking: AINIC RDMA for KV transfer and collectives.
+    #[serde(default)]
+    pub network: NetworkSpec,
+    /// The gateways clients talk to.
+    #[serde(default)]
+    pub gateway: GatewaySpec,
+    /// Where gateways find workers.
+    #[serde(default)]
+    pub discovery: DiscoverySpec,
+    /// Message bus for KV events.
+    #[serde(default)]
+    pub messaging: MessagingSpec,
+    /// The tiered KV-cache daemon (kvd) beside each engine.
+    #[serde(default)]
+    pub kv_cache: KvCacheSpec,
+    /// Where engine pods run.
+    #[serde(default)]
+    pub scheduling: SchedulingSpec,
+}
+
+fn one_i32() -> i32 {
+    1
+}
+
+/// Weight quantization of the served checkpoint.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Quantization {
+    /// What the checkpoint says.
+    #[default]
+    Auto,
+    /// FP8.
+    Fp8,
+    /// MXFP4 (MI355X native).
+    Mxfp4,
+    /// BF16.
+    Bf16,
+}
+
+/// The model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelSpec {
+    /// Name clients send as `model` (the engines' served model name).
+    #[schemars(length(min = 1, max = 256))]
+    pub name: String,
+    /// Where the weights come from: exactly one of huggingFace, pvc or hostPath.
+    pub source: ModelSource,
+    /// Weight quantization.
+    #[serde(default)]
+    pub quantization: Quantization,
+    /// Tokenizer folder (tokenizer.json and tokenizer_config.json) for kv-aware routing,
+    /// relative to the model root; default the model root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<String>,
+    /// Seconds a worker may take to load the model before it counts as failed (sizes
+    /// the startup probe; loads take 5-30 minutes).
+    #[serde(default = "startup_budget")]
+    #[schemars(range(min = 60, max = 14400))]
+    pub startup_budget_seconds: u32,
+}
+
+fn startup_budget() -> u32 {
+    1800
+}
+
+/// Where model weights come from.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("[has(self.huggingFace), has(self.pvc), has(self.hostPath)].filter(x, x).size() == 1").message("spec.model.source: set exactly one of huggingFace, pvc or hostPath"))]
+pub struct ModelSource {
+    /// A Hugging Face repository, downloaded once by a Job into a PVC the deployment's
+    /// pods share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hugging_face: Option<HuggingFaceSource>,
+    /// An existing PersistentVolumeClaim holding the weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvc: Option<PvcSource>,
+    /// A directory on every node (pre-staged weights).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<HostPathSource>,
+}
+
+/// A Hugging Face model repository.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HuggingFaceSource {
+    /// Repository id, `org/name`.
+    #[schemars(regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"))]
+    pub id: String,
+    /// Branch, tag or commit; default `main`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+    /// Secret key holding an access token, for gated models.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_secret_ref: Option<SecretKeyRef>,
+    /// Size of the cache PVC the download Job fills.
+    #[serde(default = "cache_size")]
+    pub cache_size: Quantity,
+    /// Storage class of the cache PVC (ReadWriteMany when workers span nodes); default
+    /// the cluster's default class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+}
+
+fn cache_size() -> Quantity {
+    Quantity("500Gi".into())
+}
+
+/// An existing PersistentVolumeClaim.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PvcSource {
+    /// Claim name, in the deployment's namespace.
+    #[schemars(
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"),
+        length(max = 253)
+    )]
+    pub claim_name: String,
+    /// Directory of the model inside the volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("!self.startsWith('/') && !self.contains('..')").message("spec.model.source.pvc.subPath must be relative and must not contain '..'"))]
+    pub sub_path: Option<String>,
+}
+
+/// A node directory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostPathSource {
+    /// Absolute path on the node.
+    #[schemars(regex(pattern = r"^/"))]
+    pub path: String,
+}
+
+/// KV-cache element type.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum KvCacheDtype {
+    /// FP8 (the earlier launchers' default: twice the cache of bf16).
+    #[default]
+    Fp8,
+    /// The model's dtype.
+    Auto,
+    /// BF16.
+    Bf16,
+}
+
+/// The engine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.kind == 'sim' || has(self.image)").message("spec.engine.image is required for vllm, sglang and atom (the vendor image to run); only kind: sim has a default"))]
+#[x_kube(validation = Rule::new("self.kind == 'sim' || !has(self.simFlavor)").message("spec.engine.simFlavor applies to kind: sim only; remove it"))]
+#[x_kube(validation = Rule::new("self.kind != 'sim' || self.parallelism.nodesPerWorker == 1").message("spec.engine.parallelism.nodesPerWorker must be 1 for kind: sim (a simulated worker does not span nodes)"))]
+pub struct EngineSpec {
+    /// Engine: vllm, sglang, atom, or sim (the simulator, for clusters without GPUs).
+    pub kind: EngineKind,
+    /// Container image of the engine (for sim, default the Infera image).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub image: Option<String>,
+    /// Which engine the simulator imitates (kind: sim only; default vllm).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sim_flavor: Option<SimFlavor>,
+    /// Extra engine arguments, passed verbatim after the ones Infera renders.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Extra environment of the engine container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Parallelism of one worker (mixed mode; a topology sets its roles' own).
+    #[serde(default)]
+    pub parallelism: Parallelism,
+    /// Size of /dev/shm in engine pods (NCCL/RCCL and the engines' IPC need it large;
+    /// default 64Gi).
+    #[serde(default = "shm_size")]
+    pub shared_memory_size: Quantity,
+    /// KV-cache element type (default fp8, as the earlier launchers did).
+    #[serde(default)]
+    pub kv_cache_dtype: KvCacheDtype,
+    /// CPU and memory of the engine container (GPUs and RDMA devices are added).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+fn shm_size() -> Quantity {
+    Quantity("64Gi".into())
+}
+
+/// How requests are served.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ServingMode {
+    /// Every worker runs whole requests.
+    #[default]
+    Mixed,
+    /// Prefill and decode run on separate workers, shaped by a PDTopology.
+    Disaggregated,
+}
+
+/// Serving mode.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.mode != 'disaggregated' || has(self.topologyRef)").message("spec.serving.topologyRef is required when spec.serving.mode is disaggregated: name a PDTopology in this namespace"))]
+#[x_kube(validation = Rule::new("self.mode != 'mixed' || !has(self.topologyRef)").message("spec.serving.topologyRef applies to mode: disaggregated only; remove it or set mode: disaggregated"))]
+pub struct ServingSpec {
+    /// mixed or disaggregated.
+    #[serde(default)]
+    pub mode: ServingMode,
+    /// Name of the PDTopology (same namespace) giving the prefill/decode shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"),
+        length(max = 253)
+    )]
+    pub topology_ref: Option<String>,
+}
+
+/// Node networking.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkSpec {
+    /// RDMA (RoCEv2 over AINIC) for KV transfer and collectives. The operator requests
+    /// the device-plugin resource, adds IPC_LOCK and sets MC_GID_INDEX,
+    /// NCCL_IB_GID_INDEX and MORI_IB_GID_INDEX from gidIndex: nobody hand-writes them.
+    #[serde(default)]
+    pub rdma: RdmaSpec,
+}
+
+/// RDMA settings. The operator requests the device-plugin resource, adds IPC_LOCK and
+/// sets MC_GID_INDEX, NCCL_IB_GID_INDEX and MORI_IB_GID_INDEX from gidIndex: nobody
+/// hand-writes them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.enabled || !has(self.gidIndex)").message("spec.network.rdma.gidIndex is set but RDMA is off: set spec.network.rdma.enabled: true or remove gidIndex"))]
+#[x_kube(validation = Rule::new("self.enabled || size(self.interfaces) == 0").message("spec.network.rdma.interfaces are set but RDMA is off: set spec.network.rdma.enabled: true or remove interfaces"))]
+#[x_kube(validation = Rule::new("self.enabled || !self.hostNetwork").message("spec.network.rdma.hostNetwork is an RDMA opt-in: set spec.network.rdma.enabled: true or remove hostNetwork"))]
+pub struct RdmaSpec {
+    /// Use RDMA.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Extended resource the cluster's RDMA device plugin advertises for AINIC ports
+    /// (default rdma/hca).
+    #[serde(default = "rdma_resource")]
+    #[schemars(regex(
+        pattern = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+    ))]
+    pub resource_name: String,
+    /// Devices of that resource per worker pod (default 1).
+    #[serde(default = "one")]
+    #[schemars(range(min = 1, max = 16))]
+    pub count: u32,
+    /// RoCEv2 GID index (the one carrying the node's routable IPv4 address); unset:
+    /// detected by the sidecar on the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 255))]
+    pub gid_index: Option<u32>,
+    /// RDMA interfaces to use (e.g. `ionic_0`); empty: all the plugin hands out.
+    #[serde(default)]
+    pub interfaces: Vec<String>,
+    /// Run engine pods in the host network namespace (only where the RDMA setup needs it).
+    #[serde(default)]
+    pub host_network: bool,
+}
+
+impl Default for RdmaSpec {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            resource_name: rdma_resource(),
+            count: 1,
+            gid_index: None,
+            interfaces: Vec::new(),
+            host_network: false,
+        }
+    }
+}
+
+fn rdma_resource() -> String {
+    "rdma/hca".into()
+}
+
+/// Gateway routing policy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum RoutingPolicy {
+    /// To the worker holding most of the prompt's KV cache, weighed against load.
+    #[default]
+    KvAware,
+    /// Rotate.
+    RoundRobin,
+    /// Uniformly at random.
+    Random,
+}
+
+/// Kubernetes Service type.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ServiceType {
+    /// Cluster-internal.
+    #[default]
+    ClusterIP,
+    /// A port on every node.
+    NodePort,
+    /// An external load balancer.
+    LoadBalancer,
+}
+
+/// The gateways.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewaySpec {
+    /// Gateway pods (default 1).
+    #[serde(default = "one_i32")]
+    #[schemars(range(min = 0, max = 64))]
+    pub replicas: i32,
+    /// Routing policy (default kv-aware).
+    #[serde(default)]
+    pub policy: RoutingPolicy,
+    /// kv-aware: weight of uncached blocks against load (mixed workers).
+    #[serde(default = "overlap_weight")]
+    #[schemars(range(min = 0.0, max = 1000.0))]
+    pub kv_overlap_weight: f64,
+    /// kv-aware: weight on prefill legs.
+    #[serde(default = "prefill_weight")]
+    #[schemars(range(min = 0.0, max = 1000.0))]
+    pub kv_prefill_overlap_weight: f64,
+    /// kv-aware: weight on decode legs.
+    #[serde(default = "decode_weight")]
+    #[schemars(range(min = 0.0, max = 1000.0))]
+    pub kv_decode_overlap_weight: f64,
+    /// Tokenizer folder the gateway reads (default: the model's, from its source).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<String>,
+    /// The Service in front of the gateways.
+    #[serde(default)]
+    pub service: GatewayService,
+    /// Gateway image (default the Infera image).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// CPU and memory of a gateway pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+impl Default for GatewaySpec {
+    fn default() -> Self {
+        Self {
+            replicas: 1,
+            policy: RoutingPolicy::default(),
+            kv_overlap_weight: overlap_weight(),
+            kv_prefill_overlap_weight: prefill_weight(),
+            kv_decode_overlap_weight: decode_weight(),
+            tokenizer: None,
+            service: GatewayService::default(),
+            image: None,
+            resources: None,
+        }
+    }
+}
+
+fn overlap_weight() -> f64 {
+    1.0
+}
+fn prefill_weight() -> f64 {
+    20.0
+}
+fn decode_weight() -> f64 {
+    2.0
+}
+
+/// The gateway Service.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayService {
+    /// Service type.
+    #[serde(default, rename = "type")]
+    pub type_: ServiceType,
+    /// Port clients connect to (default 8000).
+    #[serde(default = "gateway_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+}
+
+impl Default for GatewayService {
+    fn default() -> Self {
+        Self {
+            type_: ServiceType::default(),
+            port: gateway_port(),
+        }
+    }
+}
+
+fn gateway_port() -> i32 {
+    8000
+}
+
+/// Discovery backend.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DiscoveryBackend {
+    /// Worker records in Pod annotations (no etcd needed).
+    #[default]
+    Kubernetes,
+    /// Worker records in etcd under leases.
+    Etcd,
+}
+
+/// Where gateways find workers.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.backend != 'etcd' || has(self.etcd)").message("spec.discovery.etcd (with endpoints) is required when spec.discovery.backend is etcd"))]
+#[x_kube(validation = Rule::new("self.backend != 'kubernetes' || !has(self.etcd)").message("spec.discovery.etcd applies to backend: etcd only; remove it or set backend: etcd"))]
+pub struct DiscoverySpec {
+    /// kubernetes (Pod annotations; the default) or etcd.
+    #[serde(default)]
+    pub backend: DiscoveryBackend,
+    /// etcd settings (backend: etcd).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<EtcdSpec>,
+}
+
+/// An etcd cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdSpec {
+    /// Client URLs, `http(s)://host:port`.
+    #[schemars(length(min = 1), inner(regex(pattern = r"^https?://[^/\s]+$")))]
+    pub endpoints: Vec<String>,
+    /// Key prefix of worker records.
+    #[serde(default = "etcd_prefix")]
+    #[schemars(regex(pattern = r"^/"))]
+    pub prefix: String,
+}
+
+fn etcd_prefix() -> String {
+    infera_proto::discovery::DEFAULT_ETCD_PREFIX.into()
+}
+
+/// Message bus.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MessagingBackend {
+    /// None: the gateway subscribes to engines' ZMQ KV events directly.
+    #[default]
+    None,
+    /// NATS JetStream: sidecars relay KV events.
+    Nats,
+}
+
+/// Message bus for KV events.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.backend != 'nats' || has(self.natsUrl)").message("spec.messaging.natsUrl is required when spec.messaging.backend is nats"))]
+#[x_kube(validation = Rule::new("self.backend == 'nats' || !has(self.natsUrl)").message("spec.messaging.natsUrl applies to backend: nats only; remove it or set backend: nats"))]
+pub struct MessagingSpec {
+    /// none (the default) or nats.
+    #[serde(default)]
+    pub backend: MessagingBackend,
+    /// NATS server URL, `nats://host:port`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^(nats|tls)://[^/\s]+$"))]
+    pub nats_url: Option<String>,
+}
+
+/// The KV-cache daemon.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.enabled || (!has(self.nvme) && !has(self.remoteUrl))").message("spec.kvCache tiers (nvme, remoteUrl) are set but kvd is off: set spec.kvCache.enabled: true or remove them"))]
+pub struct KvCacheSpec {
+    /// Run kvd beside each engine.
+    #[serde(default)]
+    pub enabled: bool,
+    /// RAM tier size (default 64Gi).
+    #[serde(default = "ram_size")]
+    pub ram: Quantity,
+    /// NVMe tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvme: Option<NvmeTier>,
+    /// Distributed tier URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub remote_url: Option<String>,
+    /// Retention of KV without a client hint (default long).
+    #[serde(default)]
+    pub default_retention: RetentionClass,
+}
+
+impl Default for KvCacheSpec {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            ram: ram_size(),
+            nvme: None,
+            remote_url: None,
+            default_retention: RetentionClass::default(),
+        }
+    }
+}
+
+fn ram_size() -> Quantity {
+    Quantity("64Gi".into())
+}
+
+/// A node-local NVMe tier.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NvmeTier {
+    /// Directory on the node.
+    #[schemars(regex(pattern = r"^/"))]
+    pub path: String,
+    /// Space to use.
+    pub size: Quantity,
+}
+
+/// Placement of engine pods.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SchedulingSpec {
+    /// Node labels engine pods require.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Tolerations of engine pods (GPU nodes are often tainted).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Affinity of engine pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// Priority class of engine pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+    /// Topology spread of engine pods.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
+}
+
+/// Observed state.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InferaDeploymentStatus {
+    /// The generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Ready, Progressing and Degraded, with reasons.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Workers (mixed) or complete topology units (disaggregated) that exist.
+    #[serde(default)]
+    pub replicas: i32,
+    /// Of those, the ones ready.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Label selector of the engine pods (for the scale subresource).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// Desired and ready workers per role (mixed, prefill, decode).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roles: Vec<RoleStatus>,
+    /// Where clients reach the gateway, `http://service.namespace:port`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_endpoint: Option<String>,
+}
+
+/// One role's workers.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RoleStatus {
+    /// mixed, prefill or decode.
+    pub role: String,
+    /// Desired workers.
+    pub replicas: i32,
+    /// Ready workers.
+    pub ready_replicas: i32,
+}

@@ -1,0 +1,21 @@
+//! The public API: `InferaDeployment` (`idep`) and `PDTopology` (`pdt`) in group
+//! `infera.amd.com`, version `v1alpha1`. Field docs become the CRD descriptions that
+//! `kubectl explain` prints; what the API server can check (types, enums, bounds,
+//! formats, CEL rules across fields) is in the schema, and what needs more than one
+//! object (a topology's transport against a deployment's engine) is in [`resolve`].
+
+pub mod common;
+pub mod crd;
+pub mod deployment;
+pub mod resolve;
+pub mod topology;
+
+pub use common::*;
+pub use deployment::*;
+pub use topology::*;
+
+/// API group.
+pub const GROUP: &str = "infera.amd.com";
+
+/// API version.
+pub const VERSION: &str = "v1alpha1";

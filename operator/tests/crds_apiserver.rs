@@ -1,0 +1,443 @@
+//! The CRDs against the real kube-apiserver from `testenv/`, driven with kubectl as a
+//! user drives them: they install; every example applies (server dry run, then for
+//! real); invalid manifests are rejected with the message each must produce;
+//! `kubectl scale` goes through the scale subresource; `kubectl explain` prints the
+//! field docs.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use infera_operator::api::crd::crds;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn kubectl_bin() -> String {
+    std::env::var("INFERA_TESTENV_KUBECTL").unwrap_or_else(|_| "kubectl".into())
+}
+
+/// Runs kubectl against the test apiserver; returns (success, stdout, stderr).
+fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+    let mut child = Command::new(kubectl_bin())
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("running kubectl ({}): {e}; install kubectl", kubectl_bin()));
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Installs the CRDs (server-side apply, as `kubectl apply --server-side` would) and
+/// waits until the API server serves them.
+async fn install(client: &kube::Client) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for (_, crd) in crds() {
+        let name = crd.metadata.name.clone().unwrap();
+        api.patch(
+            &name,
+            &PatchParams::apply("infera-test").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("installing {name}: {e}"));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let got = api.get(&name).await.unwrap();
+            let established = got
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            if established {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{name} never became Established");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+async fn namespace(client: &kube::Client) -> String {
+    let name = infera_testkit::unique_name("crd");
+    let ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    name
+}
+
+async fn drop_namespace(client: &kube::Client, name: &str) {
+    let _ = Api::<Namespace>::all(client.clone())
+        .delete(name, &DeleteParams::default())
+        .await;
+}
+
+/// Applies `manifest` until the API server has published the types (discovery can lag
+/// the Established condition by a moment).
+fn apply_retrying(
+    kubeconfig: &Path,
+    args: &[&str],
+    manifest: Option<&str>,
+) -> (bool, String, String) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = kubectl(kubeconfig, args, manifest);
+        let unknown_kind = out.2.contains("no matches for kind")
+            || out.2.contains("the server doesn't have a resource type");
+        if !unknown_kind || Instant::now() > deadline {
+            return out;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[tokio::test]
+async fn every_example_applies_and_scale_and_explain_work() {
+    let client = infera_testkit::kube_client().await.unwrap();
+    let kubeconfig = infera_testkit::kubeconfig().await.unwrap();
+    install(&client).await;
+    let ns = namespace(&client).await;
+    let mut examples: Vec<PathBuf> = std::fs::read_dir(repo().join("examples"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("deployment.yaml").exists())
+        .collect();
+    examples.sort();
+    assert!(examples.len() >= 7, "{examples:?}");
+    for dir in &examples {
+        let file = dir.join("deployment.yaml");
+        let file = file.to_str().unwrap();
+        assert!(
+            dir.join("README.md").exists(),
+            "{} has no README",
+            dir.display()
+        );
+        for extra in [&["--dry-run=server"][..], &[][..]] {
+            let mut args = vec!["apply", "-n", &ns, "-f", file];
+            args.extend_from_slice(extra);
+            let (ok, stdout, stderr) = apply_retrying(&kubeconfig, &args, None);
+            assert!(ok, "{file} {extra:?}: {stderr}");
+            assert!(
+                stdout.contains("inferadeployment.infera.amd.com/"),
+                "{stdout}"
+            );
+        }
+    }
+
+    // The printer columns.
+    let (ok, table, err) = kubectl(&kubeconfig, &["get", "idep", "-n", &ns, "sim-mixed"], None);
+    assert!(ok, "{err}");
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "ENGINE", "MODE", "REPLICAS", "READY", "AGE"]
+    );
+    assert!(
+        table.contains("sim-mixed") && table.contains(" sim ") && table.contains("mixed"),
+        "{table}"
+    );
+
+    // kubectl scale goes through the scale subresource to spec.replicas.
+    let (ok, _, err) = kubectl(
+        &kubeconfig,
+        &["scale", "-n", &ns, "idep/sim-mixed", "--replicas=5"],
+        None,
+    );
+    assert!(ok, "{err}");
+    let (ok, replicas, err) = kubectl(
+        &kubeconfig,
+        &[
+            "get",
+            "idep",
+            "-n",
+            &ns,
+            "sim-mixed",
+            "-o",
+            "jsonpath={.spec.replicas}",
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    assert_eq!(replicas, "5");
+    let (ok, scale, err) = kubectl(
+        &kubeconfig,
+        &[
+            "get",
+            "--raw",
+            &format!(
+                "/apis/infera.amd.com/v1alpha1/namespaces/{ns}/inferadeployments/sim-mixed/scale"
+            ),
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    let scale: serde_json::Value = serde_json::from_str(&scale).unwrap();
+    assert_eq!(scale["kind"], "Scale");
+    assert_eq!(scale["spec"]["replicas"], 5);
+
+    // kubectl explain prints the field docs (once the OpenAPI is published).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (ok, text, err) = kubectl(
+            &kubeconfig,
+            &["explain", "inferadeployment.spec.network.rdma"],
+            None,
+        );
+        if ok && text.contains("gidIndex") {
+            assert!(text.contains("MC_GID_INDEX"), "{text}");
+            assert!(
+                text.contains("resourceName") && text.contains("rdma/hca"),
+                "{text}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "explain never showed the docs: {text}{err}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    drop_namespace(&client, &ns).await;
+}
+
+const BASE: &str = r#"apiVersion: infera.amd.com/v1alpha1
+kind: InferaDeployment
+metadata: {name: bad}
+spec:
+  model: {name: m, source: {hostPath: {path: /m}}}
+  engine: {kind: sim}
+"#;
+
+const TOPOLOGY: &str = r#"apiVersion: infera.amd.com/v1alpha1
+kind: PDTopology
+metadata: {name: bad}
+spec:
+  layout: 1P1D
+"#;
+
+/// `base` with `spec` keys replaced or added: each entry is a YAML line under `spec:`.
+fn with_spec(base: &str, lines: &[&str]) -> String {
+    let mut doc: serde_json::Value = serde_saphyr::from_str(base).unwrap();
+    for line in lines {
+        let patch: serde_json::Value = serde_saphyr::from_str(line).unwrap();
+        for (k, v) in patch.as_object().unwrap() {
+            doc["spec"][k] = v.clone();
+        }
+    }
+    serde_json::to_string(&doc).unwrap()
+}
+
+#[tokio::test]
+async fn invalid_manifests_are_rejected_with_a_message_naming_the_field() {
+    let client = infera_testkit::kube_client().await.unwrap();
+    let kubeconfig = infera_testkit::kubeconfig().await.unwrap();
+    install(&client).await;
+    let ns = namespace(&client).await;
+    // (what is wrong, the manifest, text the API server's answer must contain)
+    let cases: Vec<(&str, String, &str)> = vec![
+        (
+            "disaggregated without a topology",
+            with_spec(BASE, &["serving: {mode: disaggregated}"]),
+            "spec.serving.topologyRef is required when spec.serving.mode is disaggregated",
+        ),
+        (
+            "a topology on a mixed deployment",
+            with_spec(BASE, &["serving: {mode: mixed, topologyRef: shape}"]),
+            "spec.serving.topologyRef applies to mode: disaggregated only",
+        ),
+        (
+            "gidIndex with RDMA off",
+            with_spec(BASE, &["network: {rdma: {gidIndex: 3}}"]),
+            "spec.network.rdma.gidIndex is set but RDMA is off",
+        ),
+        (
+            "interfaces with RDMA off",
+            with_spec(BASE, &["network: {rdma: {interfaces: [ionic_0]}}"]),
+            "spec.network.rdma.interfaces are set but RDMA is off",
+        ),
+        (
+            "hostNetwork with RDMA off",
+            with_spec(BASE, &["network: {rdma: {hostNetwork: true}}"]),
+            "spec.network.rdma.hostNetwork is an RDMA opt-in",
+        ),
+        (
+            "two model sources",
+            with_spec(
+                BASE,
+                &["model: {name: m, source: {hostPath: {path: /m}, pvc: {claimName: weights}}}"],
+            ),
+            "spec.model.source: set exactly one of huggingFace, pvc or hostPath",
+        ),
+        (
+            "no model source",
+            with_spec(BASE, &["model: {name: m, source: {}}"]),
+            "spec.model.source: set exactly one of huggingFace, pvc or hostPath",
+        ),
+        (
+            "a real engine without an image",
+            with_spec(BASE, &["engine: {kind: vllm}"]),
+            "spec.engine.image is required for vllm, sglang and atom",
+        ),
+        (
+            "an unknown engine",
+            with_spec(BASE, &["engine: {kind: tgi, image: x}"]),
+            "spec.engine.kind: Unsupported value: \"tgi\"",
+        ),
+        (
+            "simFlavor on a real engine",
+            with_spec(BASE, &["engine: {kind: vllm, image: x, simFlavor: sglang}"]),
+            "spec.engine.simFlavor applies to kind: sim only",
+        ),
+        (
+            "a multi-node simulator",
+            with_spec(
+                BASE,
+                &["engine: {kind: sim, parallelism: {nodesPerWorker: 2}}"],
+            ),
+            "spec.engine.parallelism.nodesPerWorker must be 1 for kind: sim",
+        ),
+        (
+            "negative replicas",
+            with_spec(BASE, &["replicas: -1"]),
+            "spec.replicas: Invalid value: -1: spec.replicas in body should be greater than or equal to 0",
+        ),
+        (
+            "tensor parallel 0",
+            with_spec(
+                BASE,
+                &["engine: {kind: sim, parallelism: {tensorParallelSize: 0}}"],
+            ),
+            "spec.engine.parallelism.tensorParallelSize in body should be greater than or equal to 1",
+        ),
+        (
+            "a startup budget under a minute",
+            with_spec(
+                BASE,
+                &["model: {name: m, source: {hostPath: {path: /m}}, startupBudgetSeconds: 5}"],
+            ),
+            "spec.model.startupBudgetSeconds in body should be greater than or equal to 60",
+        ),
+        (
+            "a relative hostPath",
+            with_spec(
+                BASE,
+                &["model: {name: m, source: {hostPath: {path: models/m}}}"],
+            ),
+            "spec.model.source.hostPath.path in body should match '^/'",
+        ),
+        (
+            "a Hugging Face id without an org",
+            with_spec(
+                BASE,
+                &["model: {name: m, source: {huggingFace: {id: llama}}}"],
+            ),
+            "spec.model.source.huggingFace.id in body should match",
+        ),
+        (
+            "etcd discovery without endpoints",
+            with_spec(BASE, &["discovery: {backend: etcd}"]),
+            "spec.discovery.etcd (with endpoints) is required when spec.discovery.backend is etcd",
+        ),
+        (
+            "an etcd endpoint that is not a URL",
+            with_spec(
+                BASE,
+                &["discovery: {backend: etcd, etcd: {endpoints: ['etcd:2379']}}"],
+            ),
+            "spec.discovery.etcd.endpoints[0] in body should match",
+        ),
+        (
+            "nats messaging without a URL",
+            with_spec(BASE, &["messaging: {backend: nats}"]),
+            "spec.messaging.natsUrl is required when spec.messaging.backend is nats",
+        ),
+        (
+            "kvd tiers with kvd off",
+            with_spec(BASE, &["kvCache: {nvme: {path: /nvme, size: 1Ti}}"]),
+            "spec.kvCache tiers (nvme, remoteUrl) are set but kvd is off",
+        ),
+        (
+            "an unknown routing policy",
+            with_spec(BASE, &["gateway: {policy: least-loaded}"]),
+            "spec.gateway.policy: Unsupported value: \"least-loaded\"",
+        ),
+        (
+            "a gateway port out of range",
+            with_spec(BASE, &["gateway: {service: {port: 70000}}"]),
+            "spec.gateway.service.port in body should be less than or equal to 65535",
+        ),
+        (
+            "nixl transport",
+            with_spec(TOPOLOGY, &["transport: {backend: nixl}"]),
+            "spec.transport.backend nixl is not supported",
+        ),
+        (
+            "custom layout without role counts",
+            with_spec(TOPOLOGY, &["layout: custom", "prefill: {replicas: 2}"]),
+            "spec.layout custom needs spec.prefill.replicas and spec.decode.replicas",
+        ),
+        (
+            "role counts on a named layout",
+            with_spec(TOPOLOGY, &["prefill: {replicas: 2}"]),
+            "apply to layout: custom only",
+        ),
+        (
+            "read mode on mooncake",
+            with_spec(
+                TOPOLOGY,
+                &["transport: {backend: mooncake, readMode: true}"],
+            ),
+            "spec.transport.readMode (decode pulls the KV) applies to backend: mori only",
+        ),
+        (
+            "an unknown layout",
+            with_spec(TOPOLOGY, &["layout: 3P3D"]),
+            "spec.layout: Unsupported value: \"3P3D\"",
+        ),
+    ];
+    assert!(cases.len() >= 15);
+    let mut failures = Vec::new();
+    for (what, manifest, want) in &cases {
+        let (ok, _, stderr) = apply_retrying(
+            &kubeconfig,
+            &["apply", "-n", &ns, "--dry-run=server", "-f", "-"],
+            Some(manifest),
+        );
+        if ok || !stderr.contains(want) {
+            failures.push(format!("{what}: accepted={ok}, answer: {stderr}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // The base manifests themselves are valid: the rejections come from the changes.
+    for base in [BASE, TOPOLOGY] {
+        let (ok, _, stderr) = apply_retrying(
+            &kubeconfig,
+            &["apply", "-n", &ns, "--dry-run=server", "-f", "-"],
+            Some(base),
+        );
+        assert!(ok, "{stderr}");
+    }
+    drop_namespace(&client, &ns).await;
+}
