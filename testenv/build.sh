@@ -56,8 +56,10 @@ apiserver=$(build kube-apiserver "$KUBE_VERSION" kube-apiserver \
 etcd=$(build etcd "$ETCD_VERSION" etcd)
 nats=$(build nats-server "$NATS_VERSION" github.com/nats-io/nats-server/v2)
 helm=$(build helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm)
+kubectl=$(build kubectl "$KUBE_VERSION" kubectl \
+    "-X $kv.gitVersion=$KUBE_VERSION -X $kv.gitMajor=1 -X $kv.gitMinor=$minor")
 
-for pair in "KUBE_APISERVER=$apiserver" "ETCD=$etcd" "NATS_SERVER=$nats" "HELM=$helm"; do
+for pair in "KUBE_APISERVER=$apiserver" "ETCD=$etcd" "NATS_SERVER=$nats" "HELM=$helm" "KUBECTL=$kubectl"; do
     if [ "$mode" = "--env" ]; then
         echo "export INFERA_TESTENV_$pair"
     else

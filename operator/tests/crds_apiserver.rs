@@ -20,8 +20,9 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn kubectl_bin() -> String {
-    std::env::var("INFERA_TESTENV_KUBECTL").unwrap_or_else(|_| "kubectl".into())
+/// kubectl built by `testenv/` at the kube-apiserver's version.
+fn kubectl_bin() -> PathBuf {
+    infera_testkit::binaries::locate(infera_testkit::binaries::Binary::Kubectl).unwrap()
 }
 
 /// Runs kubectl against the test apiserver; returns (success, stdout, stderr).
@@ -34,7 +35,7 @@ fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> (bool, Stri
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("running kubectl ({}): {e}; install kubectl", kubectl_bin()));
+        .unwrap_or_else(|e| panic!("running {}: {e}", kubectl_bin().display()));
     let mut input = child.stdin.take().unwrap();
     input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
     drop(input);

@@ -19,6 +19,8 @@ pub enum Binary {
     NatsServer,
     /// helm.
     Helm,
+    /// kubectl (the version of the kube-apiserver).
+    Kubectl,
 }
 
 impl Binary {
@@ -29,6 +31,7 @@ impl Binary {
             Self::Etcd => "ETCD",
             Self::NatsServer => "NATS_SERVER",
             Self::Helm => "HELM",
+            Self::Kubectl => "KUBECTL",
         }
     }
 
@@ -38,6 +41,7 @@ impl Binary {
             Self::Etcd => "etcd",
             Self::NatsServer => "nats-server",
             Self::Helm => "helm",
+            Self::Kubectl => "kubectl",
         }
     }
 }
