@@ -1,3 +1,4 @@
 //! The `infera` command line. Subcommands live in modules named after them.
 
 pub mod crds;
+pub mod up;

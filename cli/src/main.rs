@@ -14,6 +14,10 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run a deployment on this machine: simulated engines and the gateway in one
+    /// process, the OpenAI API on localhost. Without a manifest, two simulated vLLM
+    /// workers behind a kv-aware gateway on port 8000.
+    Up(infera::up::UpArgs),
     /// Write the InferaDeployment and PDTopology CRDs (generated from the operator's
     /// Rust types) to crds/ and charts/infera/crds/.
     Crds {
@@ -29,6 +33,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Up(args) => return run_async(args),
         Command::Crds { dirs, check } => {
             let dirs = if dirs.is_empty() {
                 infera::crds::default_dirs(&PathBuf::from("."))
@@ -43,6 +48,36 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("infera: {e:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_async(args: infera::up::UpArgs) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new(
+                    "warn,infera=info,infera_gateway::access=debug,infera_gateway::pick=debug",
+                )
+            }),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("infera: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(infera::up::run(args)) {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("infera: {e:#}");
+            ExitCode::from(2)
         }
     }
 }

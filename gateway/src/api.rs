@@ -402,8 +402,19 @@ async fn forward_mixed(
         .kv
         .as_ref()
         .map_or(1.0, |kv| kv.weight * overlap_weight_factor(input.hint));
+    // The kv charge is taken at the pick, not when the answer's headers arrive (for a
+    // non-streaming request that is the end), so concurrent requests see this load;
+    // a failover's new pick releases the previous charge.
+    let charge: std::sync::Mutex<Option<crate::kv_router::KvCharge>> = Default::default();
     let choose = |options: &[&Target]| match (&gw.kv, &blocks) {
-        (Some(kv), Some(blocks)) => kv.choose(options, blocks, weight),
+        (Some(kv), Some(blocks)) => {
+            let index = kv.choose(options, blocks, weight)?;
+            let committed = kv.commit(options[index], blocks, "mixed");
+            if let Ok(mut c) = charge.lock() {
+                *c = committed;
+            }
+            Some(index)
+        }
         _ => gw.policy.pick(options),
     };
     match dispatch(
@@ -418,10 +429,8 @@ async fn forward_mixed(
     .await
     {
         Ok(d) => {
-            if let (Some(kv), Some(blocks)) = (&gw.kv, &blocks) {
-                guard
-                    .kv_charges
-                    .extend(kv.commit(&d.target, blocks, "mixed"));
+            if let Ok(mut c) = charge.lock() {
+                guard.kv_charges.extend(c.take());
             }
             let worker = d.target.record.worker_id.clone();
             gw.inflight.acquire(&worker);

@@ -68,6 +68,14 @@ impl Drop for RequestGuard {
     fn drop(&mut self) {
         self.metrics
             .request_finished(self.router, self.outcome, self.started);
+        tracing::debug!(
+            target: "infera_gateway::access",
+            router = self.router,
+            outcome = self.outcome.name(),
+            workers = ?self.inflight.iter().map(|(_, w)| w.as_str()).collect::<Vec<_>>(),
+            ms = self.started.elapsed().as_millis() as u64,
+            "request"
+        );
         if let Some(protocol) = self.pd_protocol {
             self.metrics.record_pd_request(protocol, self.outcome);
         }

@@ -64,15 +64,19 @@ pub struct RunningWorker {
     pub state: Arc<WorkerState>,
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<()>,
+    publisher: JoinSet<()>,
     engine_task: tokio::task::JoinHandle<()>,
 }
 
 impl RunningWorker {
-    /// Stops accepting, lets open responses finish, and ends every task.
+    /// Stops accepting, lets open responses finish, then stops the engine and its KV
+    /// event publisher (which runs until the engine's event channel closes).
     pub async fn shutdown(mut self) {
         let _ = self.shutdown.send(true);
         while self.tasks.join_next().await.is_some() {}
         self.engine_task.abort();
+        self.publisher.abort_all();
+        while self.publisher.join_next().await.is_some() {}
     }
 }
 
@@ -80,6 +84,7 @@ impl Drop for RunningWorker {
     fn drop(&mut self) {
         let _ = self.shutdown.send(true);
         self.tasks.abort_all();
+        self.publisher.abort_all();
         self.engine_task.abort();
     }
 }
@@ -97,6 +102,7 @@ pub async fn start_worker(
 ) -> anyhow::Result<RunningWorker> {
     let flavor = Flavor(cfg.engine);
     let mut tasks = JoinSet::new();
+    let mut publisher_task = JoinSet::new();
     let format = cfg
         .event_format
         .unwrap_or_else(|| flavor.default_event_format());
@@ -104,7 +110,7 @@ pub async fn start_worker(
         Some(endpoint) => {
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             let publisher = start_publisher(endpoint, format, rx).await?;
-            tasks.spawn(publisher);
+            publisher_task.spawn(publisher);
             let converter = KvEventConverter {
                 format,
                 int_hashes: flavor.int_block_hashes(),
@@ -165,6 +171,7 @@ pub async fn start_worker(
         state,
         shutdown,
         tasks,
+        publisher: publisher_task,
         engine_task,
     })
 }

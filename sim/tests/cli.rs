@@ -67,6 +67,11 @@ async fn runs_from_a_vllm_style_command_line() {
         "--enforce-eager",
         "--speedup",
         "100",
+        "--kv-events-config",
+        &format!(
+            r#"{{"publisher":"zmq","endpoint":"tcp://127.0.0.1:{}","topic":"kv"}}"#,
+            free_port()
+        ),
     ]
     .iter()
     .map(|s| s.to_string())
@@ -108,5 +113,12 @@ async fn runs_from_a_vllm_style_command_line() {
         log.contains("ignoring engine flag") && log.contains("--gpu-memory-utilization 0.9"),
         "{log}"
     );
-    server.kill();
+    // SIGTERM stops it, KV-event publisher included (a launcher's engine must not linger).
+    server.terminate();
+    let status = server.wait_exit(Duration::from_secs(10)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}: {}",
+        server.log_tail(10)
+    );
 }

@@ -1,0 +1,445 @@
+//! Starting a plan on this machine: simulated workers in this process (or real engines
+//! through the sidecar), their records in the in-process registry (or etcd), and the
+//! gateway, with progress on stdout. Everything stops with [`LocalCluster::shutdown`].
+
+use super::plan::{Launch, LocalDeployment, LocalPlan, Role};
+use anyhow::{Context, Result, anyhow, bail};
+use infera_engine_sidecar::registration::{Registration, RegistrationState, run_registration};
+use infera_gateway::config::GatewayConfig;
+use infera_gateway::gateway::Gateway;
+use infera_gateway::registry::Registry;
+use infera_gateway::server::{RunningGateway, start_embedded, start_gateway};
+use infera_operator::api::{RoutingPolicy, SimFlavor};
+use infera_prompt::PromptCodec;
+use infera_proto::discovery::{DEFAULT_ETCD_PREFIX, LEASE_TTL, build_worker_key};
+use infera_proto::pd::PdProtocol;
+use infera_proto::worker::{EngineKind, WorkerRecord};
+use infera_sim::kv_events::KvEventsEndpoint;
+use infera_sim::pd::{PdLeg, PdRole, build_disagg_meta};
+use infera_sim::worker::{RunningWorker, build_generator, start_worker};
+use serde_json::json;
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// Where records go.
+#[derive(Debug, Clone)]
+pub enum Discovery {
+    /// The gateway's registry, in this process.
+    InProcess,
+    /// A real etcd.
+    Etcd(String),
+}
+
+/// A worker that is running.
+#[derive(Debug)]
+pub struct LocalWorker {
+    /// Deployment.
+    pub deployment: String,
+    /// Role.
+    pub role: Role,
+    /// Record as registered (None for a launched engine: its sidecar registers it).
+    pub record: Option<WorkerRecord>,
+    /// The simulated engine (None for a launched one).
+    pub sim: Option<RunningWorker>,
+    /// A launched sidecar (with its engine).
+    pub child: Option<tokio::process::Child>,
+}
+
+/// Everything `infera up` started.
+#[derive(Debug)]
+pub struct LocalCluster {
+    /// The gateway.
+    pub gateway: RunningGateway,
+    /// Workers, in start order.
+    pub workers: Vec<LocalWorker>,
+    stop_registrations: watch::Sender<bool>,
+    registrations: tokio::task::JoinSet<()>,
+}
+
+fn sim_engine(flavor: SimFlavor) -> EngineKind {
+    match flavor {
+        SimFlavor::Vllm => EngineKind::Vllm,
+        SimFlavor::Sglang => EngineKind::Sglang,
+        SimFlavor::Atom => EngineKind::Atom,
+    }
+}
+
+/// A free loopback port (bound then released).
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// The record a launcher would register for a simulated worker.
+pub fn build_sim_record(
+    addr: SocketAddr,
+    flavor: SimFlavor,
+    model: &str,
+    role: Option<&PdRole>,
+    kv_events: Option<&str>,
+    block_size: usize,
+) -> Result<WorkerRecord> {
+    let mode = match role.map(|r| r.leg) {
+        None => "mixed",
+        Some(PdLeg::Prefill) => "prefill",
+        Some(PdLeg::Decode) => "decode",
+    };
+    let record = json!({
+        "worker_id": addr.to_string(),
+        "url": format!("http://{addr}"),
+        "model_name": model,
+        "engine": sim_engine(flavor).as_str(),
+        "disagg_mode": mode,
+        "disagg_meta": role.map(build_disagg_meta),
+        "kv_events_endpoint": kv_events,
+        "kv_block_size": block_size,
+        "dp_size": 1,
+        "request_transport": "http",
+    });
+    WorkerRecord::from_json(record.to_string().as_bytes())
+        .map_err(|e| anyhow!("building the record of {addr}: {e}"))
+}
+
+fn pd_role(
+    protocol: PdProtocol,
+    role: Role,
+    port: u16,
+    name: &str,
+    index: usize,
+) -> Result<Option<PdRole>> {
+    let leg = match role {
+        Role::Mixed => return Ok(None),
+        Role::Prefill => PdLeg::Prefill,
+        Role::Decode => PdLeg::Decode,
+    };
+    Ok(Some(PdRole {
+        leg,
+        protocol,
+        host: "127.0.0.1".into(),
+        http_port: port,
+        handshake_port: free_port()?,
+        notify_port: free_port()?,
+        tp_size: 1,
+        dp_size: 1,
+        bootstrap_port: free_port()?,
+        engine_id: format!("{name}-{}-{index}", role.as_str()),
+    }))
+}
+
+/// Starts one simulated worker of `d`.
+async fn start_sim_worker(
+    d: &LocalDeployment,
+    role: Role,
+    index: usize,
+    kv_events: bool,
+    codec: &Arc<PromptCodec>,
+) -> Result<(RunningWorker, WorkerRecord)> {
+    let mut argv = vec!["infera-sim".to_owned()];
+    argv.extend(d.args.iter().cloned());
+    let (cli, ignored) = infera_sim::cli::parse_lenient(argv)
+        .map_err(|e| anyhow!("InferaDeployment {}: spec.engine.args: {e}", d.name))?;
+    for flag in ignored {
+        tracing::warn!(deployment = %d.name, "the simulator ignores engine flag {flag}");
+    }
+    let mut cfg = cli
+        .worker_configs()
+        .with_context(|| format!("InferaDeployment {}: spec.engine.args", d.name))?
+        .remove(0);
+    let port = free_port()?;
+    cfg.listen = SocketAddr::from(([127, 0, 0, 1], port));
+    cfg.engine = sim_engine(d.flavor);
+    cfg.model = d.model.clone();
+    cfg.event_format = None;
+    cfg.pd = match d.protocol {
+        Some(p) => pd_role(p, role, port, &d.name, index)?,
+        None => None,
+    };
+    let events = if kv_events {
+        Some(format!("tcp://127.0.0.1:{}", free_port()?))
+    } else {
+        None
+    };
+    cfg.kv_events = events.clone().map(|endpoint| KvEventsEndpoint {
+        endpoint,
+        replay_endpoint: None,
+        topic: String::new(),
+    });
+    let block_size = cfg.core.block_size;
+    let role_cfg = cfg.pd.clone();
+    let generator = Arc::new(build_generator(codec));
+    let worker = start_worker(cfg, codec.clone(), generator)
+        .await
+        .with_context(|| format!("starting a simulated worker of {}", d.name))?;
+    let record = build_sim_record(
+        worker.addr,
+        d.flavor,
+        &d.model,
+        role_cfg.as_ref(),
+        events.as_deref(),
+        block_size,
+    )?;
+    Ok((worker, record))
+}
+
+/// The sidecar binary: beside this one, else on PATH.
+fn sidecar_binary() -> std::path::PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("infera-engine-sidecar")))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| "infera-engine-sidecar".into())
+}
+
+/// Launches a real engine through the sidecar (which registers it in etcd).
+fn launch_engine(d: &LocalDeployment, etcd: &str, port: u16) -> Result<tokio::process::Child> {
+    let engine = d.engine.as_str();
+    let mut args: Vec<String> = vec![
+        engine.into(),
+        "--etcd-endpoint".into(),
+        etcd.into(),
+        "--advertise-host".into(),
+        "127.0.0.1".into(),
+    ];
+    let model_flag = match d.flavor {
+        SimFlavor::Vllm => None,
+        SimFlavor::Sglang => Some("--model-path"),
+        SimFlavor::Atom => Some("--model"),
+    };
+    args.extend(model_flag.map(str::to_owned));
+    args.push(d.model_path.clone());
+    args.extend([
+        "--served-model-name".into(),
+        d.model.clone(),
+        "--port".into(),
+        port.to_string(),
+        "--tensor-parallel-size".into(),
+        d.tensor_parallel_size.to_string(),
+    ]);
+    args.extend(d.args.iter().cloned());
+    let mut cmd = tokio::process::Command::new(sidecar_binary());
+    cmd.args(&args)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .process_group(0);
+    // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a flag of the calling (child) process;
+    // it is async-signal-safe and touches no memory of the parent.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+    cmd.spawn().with_context(|| {
+        format!(
+            "launching {} through infera-engine-sidecar",
+            d.engine.as_str()
+        )
+    })
+}
+
+fn gateway_config(plan: &LocalPlan, host: &str, discovery: &Discovery) -> Result<GatewayConfig> {
+    use clap::Parser;
+    let g = &plan.gateway;
+    let policy = match g.policy {
+        RoutingPolicy::KvAware => "kv-aware",
+        RoutingPolicy::RoundRobin => "round-robin",
+        RoutingPolicy::Random => "random",
+    };
+    let mut args = vec![
+        "infera-gateway".to_owned(),
+        "--host".into(),
+        host.into(),
+        "--port".into(),
+        g.port.to_string(),
+        "--router-policy".into(),
+        policy.into(),
+        "--kv-overlap-weight".into(),
+        g.weights.0.to_string(),
+        "--kv-prefill-overlap-weight".into(),
+        g.weights.1.to_string(),
+        "--kv-decode-overlap-weight".into(),
+        g.weights.2.to_string(),
+        "--shutdown-grace-s".into(),
+        "2".into(),
+    ];
+    if let Discovery::Etcd(url) = discovery {
+        args.extend(["--etcd-endpoint".into(), url.clone()]);
+    }
+    GatewayConfig::try_parse_from(args).map_err(|e| anyhow!("gateway settings: {e}"))
+}
+
+/// Starts everything in `plan`, printing progress.
+pub async fn start(plan: &LocalPlan, host: &str, discovery: Discovery) -> Result<LocalCluster> {
+    let started = Instant::now();
+    let registry = Registry::new();
+    let kv_events = plan.gateway.policy == RoutingPolicy::KvAware;
+    let codec = Arc::new(PromptCodec::bytes());
+    let (stop_registrations, stop_rx) = watch::channel(false);
+    let mut registrations = tokio::task::JoinSet::new();
+    let mut workers = Vec::new();
+    let total: usize = plan.deployments.iter().map(|d| d.roles.len()).sum();
+    for d in &plan.deployments {
+        let what = match d.launch {
+            Launch::Simulated => format!("simulated {}", d.flavor_name()),
+            Launch::Engine => format!("{} (launched by the sidecar)", d.engine.as_str()),
+        };
+        println!(
+            "deployment {}: model {}, {} {} worker(s){}",
+            d.name,
+            d.model,
+            d.roles.len(),
+            what,
+            d.protocol
+                .map(|p| format!(", prefill/decode over {p}"))
+                .unwrap_or_default()
+        );
+        for (i, role) in d.roles.iter().enumerate() {
+            let t0 = Instant::now();
+            let (record, sim, child) = match d.launch {
+                Launch::Simulated => {
+                    let (w, r) = start_sim_worker(d, *role, i, kv_events, &codec).await?;
+                    (Some(r), Some(w), None)
+                }
+                Launch::Engine => {
+                    let Discovery::Etcd(url) = &discovery else {
+                        bail!("launching {} needs --etcd", d.engine.as_str());
+                    };
+                    let port = free_port()?;
+                    (None, None, Some(launch_engine(d, url, port)?))
+                }
+            };
+            let n = workers.len() + 1;
+            if let Some(record) = &record {
+                match &discovery {
+                    Discovery::InProcess => {
+                        registry.upsert(record.clone());
+                    }
+                    Discovery::Etcd(url) => {
+                        let reg = Registration {
+                            endpoints: vec![url.clone()],
+                            key: build_worker_key(DEFAULT_ETCD_PREFIX, &record.worker_id),
+                            value: record.to_json(),
+                            ttl: LEASE_TTL,
+                        };
+                        let (state, _) = watch::channel(RegistrationState::default());
+                        registrations.spawn(run_registration(reg, state, stop_rx.clone()));
+                    }
+                }
+                println!(
+                    "  [{n}/{total}] {} worker {} ready in {} ms",
+                    role.as_str(),
+                    record.worker_id,
+                    t0.elapsed().as_millis()
+                );
+            } else {
+                println!(
+                    "  [{n}/{total}] {} engine launching (the sidecar registers it when healthy)",
+                    role.as_str()
+                );
+            }
+            workers.push(LocalWorker {
+                deployment: d.name.clone(),
+                role: *role,
+                record,
+                sim,
+                child,
+            });
+        }
+    }
+    let cfg = gateway_config(plan, host, &discovery)?;
+    let bind = format!("{host}:{}", plan.gateway.port);
+    let listener = tokio::net::TcpListener::bind(&bind).await.map_err(|e| {
+        anyhow!("the gateway cannot listen on {bind}: {e} (pass --port to choose another)")
+    })?;
+    let gateway = match &discovery {
+        Discovery::InProcess => {
+            registry.mark_synced();
+            let gw = Gateway::new(cfg, registry).map_err(|e| anyhow!("{e}"))?;
+            start_embedded(gw, listener)
+                .await
+                .map_err(|e| anyhow!("{e}"))?
+        }
+        Discovery::Etcd(_) => {
+            let gw = Gateway::new(cfg, Registry::new()).map_err(|e| anyhow!("{e}"))?;
+            start_gateway(gw, listener)
+                .await
+                .map_err(|e| anyhow!("{e}"))?
+        }
+    };
+    let cluster = LocalCluster {
+        gateway,
+        workers,
+        stop_registrations,
+        registrations,
+    };
+    cluster
+        .wait_routable(total, Duration::from_secs(1800))
+        .await?;
+    println!(
+        "gateway routes to {total} worker(s), up in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(cluster)
+}
+
+impl LocalDeployment {
+    fn flavor_name(&self) -> &'static str {
+        sim_engine(self.flavor).as_str()
+    }
+}
+
+impl LocalCluster {
+    /// Waits until the gateway has every worker in its routing tables.
+    async fn wait_routable(&self, total: usize, budget: Duration) -> Result<()> {
+        let deadline = Instant::now() + budget;
+        let mut last = usize::MAX;
+        loop {
+            let n = self.gateway.gateway.registry.snapshot().workers.len();
+            if n >= total && self.gateway.gateway.registry.is_synced() {
+                return Ok(());
+            }
+            if n != last {
+                if last != usize::MAX {
+                    println!("  gateway sees {n}/{total} workers");
+                }
+                last = n;
+            }
+            if Instant::now() > deadline {
+                bail!("only {n} of {total} workers registered within {budget:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The gateway's base URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.gateway.addr)
+    }
+
+    /// Stops the gateway, deregisters, stops workers and launched engines.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop_registrations.send(true);
+        while self.registrations.join_next().await.is_some() {}
+        self.gateway.shutdown().await;
+        for w in self.workers {
+            if let Some(sim) = w.sim {
+                sim.shutdown().await;
+            }
+            if let Some(mut child) = w.child {
+                if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+                    // SAFETY: kill(2) on the sidecar's own pid; it drains and stops its engine.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        libc::kill(pid, libc::SIGTERM);
+                    }
+                }
+                let _ = tokio::time::timeout(Duration::from_secs(60), child.wait()).await;
+                let _ = child.kill().await;
+            }
+        }
+    }
+}
