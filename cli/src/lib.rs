@@ -1,4 +1,5 @@
 //! The `infera` command line. Subcommands live in modules named after them.
 
+pub mod bench;
 pub mod crds;
 pub mod up;

@@ -18,6 +18,9 @@ enum Command {
     /// process, the OpenAI API on localhost. Without a manifest, two simulated vLLM
     /// workers behind a kv-aware gateway on port 8000.
     Up(infera::up::UpArgs),
+    /// Run a benchmark scenario of BENCHMARKS.md against a simulated fleet: a table
+    /// with progress while it runs, JSON and an SVG plot in --out.
+    Bench(infera::bench::BenchArgs),
     /// Write the InferaDeployment and PDTopology CRDs (generated from the operator's
     /// Rust types) to crds/ and charts/infera/crds/.
     Crds {
@@ -34,6 +37,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Up(args) => return run_async(args),
+        Command::Bench(args) => return run_bench(args),
         Command::Crds { dirs, check } => {
             let dirs = if dirs.is_empty() {
                 infera::crds::default_dirs(&PathBuf::from("."))
@@ -77,6 +81,35 @@ fn run_async(args: infera::up::UpArgs) -> ExitCode {
         Ok(_) => ExitCode::FAILURE,
         Err(e) => {
             eprintln!("infera: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run_bench(args: infera::bench::BenchArgs) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("infera-drv")
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("infera: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(infera::bench::run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("infera bench: {e:#}");
             ExitCode::from(2)
         }
     }

@@ -160,6 +160,11 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
 
 async fn serve(listener: TcpListener, gateway: Arc<Gateway>, stop: watch::Receiver<bool>) {
     let router = build_router(gateway);
+    // Streamed tokens go out as small writes: without TCP_NODELAY each one after the
+    // first waits for the client's delayed ACK (up to 40 ms on Linux).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     if let Err(e) = axum::serve(listener, router)
         .with_graceful_shutdown(stopped(stop))
         .await

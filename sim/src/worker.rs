@@ -177,6 +177,10 @@ pub async fn start_worker(
 }
 
 async fn serve(listener: TcpListener, router: axum::Router, mut stop: watch::Receiver<bool>) {
+    // Small SSE writes must not wait for the peer's delayed ACK (Nagle).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let result = axum::serve(listener, router)
         .with_graceful_shutdown(async move {
             let _ = stop.wait_for(|s| *s).await;

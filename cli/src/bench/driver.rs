@@ -1,0 +1,201 @@
+//! Sending requests and timing them: one request (streamed or not) with its TTFT,
+//! inter-token gaps, end-to-end time and token counts from `usage`, and an open-loop
+//! Poisson schedule over many requests with a progress line.
+
+use super::workload::Rng;
+use futures::StreamExt;
+use serde_json::Value;
+use std::io::{IsTerminal, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// What one request measured.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    /// 2xx and a complete answer.
+    pub ok: bool,
+    /// HTTP status (0: no answer).
+    pub status: u16,
+    /// Seconds to the first token.
+    pub ttft: Option<f64>,
+    /// Seconds between tokens.
+    pub itls: Vec<f64>,
+    /// Seconds to the end.
+    pub e2e: f64,
+    /// `usage.prompt_tokens`.
+    pub prompt_tokens: u64,
+    /// `usage.prompt_tokens_details.cached_tokens`.
+    pub cached_tokens: u64,
+    /// `usage.completion_tokens`.
+    pub output_tokens: u64,
+    /// What went wrong.
+    pub error: Option<String>,
+}
+
+fn read_usage(out: &mut Outcome, v: &Value) {
+    if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+        out.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
+        out.output_tokens = u["completion_tokens"].as_u64().unwrap_or(0);
+        out.cached_tokens = u
+            .pointer("/prompt_tokens_details/cached_tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+    }
+}
+
+fn has_token(v: &Value) -> bool {
+    let choice = &v["choices"][0];
+    choice["text"].as_str().is_some_and(|t| !t.is_empty())
+        || choice
+            .pointer("/delta/content")
+            .and_then(Value::as_str)
+            .is_some_and(|t| !t.is_empty())
+}
+
+/// POSTs `body` to `url` and measures it; `body.stream` decides the mode.
+pub async fn send(client: &reqwest::Client, url: &str, body: &Value) -> Outcome {
+    let started = Instant::now();
+    let mut out = Outcome::default();
+    let resp = match client.post(url).json(body).send().await {
+        Ok(r) => r,
+        Err(e) => {
+            out.error = Some(e.to_string());
+            out.e2e = started.elapsed().as_secs_f64();
+            return out;
+        }
+    };
+    out.status = resp.status().as_u16();
+    let streaming = body["stream"].as_bool().unwrap_or(false);
+    if !resp.status().is_success() {
+        out.error = Some(
+            resp.text()
+                .await
+                .unwrap_or_default()
+                .chars()
+                .take(200)
+                .collect(),
+        );
+        out.e2e = started.elapsed().as_secs_f64();
+        return out;
+    }
+    if !streaming {
+        match resp.json::<Value>().await {
+            Ok(v) => {
+                read_usage(&mut out, &v);
+                out.ok = true;
+            }
+            Err(e) => out.error = Some(e.to_string()),
+        }
+        out.e2e = started.elapsed().as_secs_f64();
+        out.ttft = Some(out.e2e);
+        return out;
+    }
+    let mut stream = resp.bytes_stream();
+    let mut buf = String::new();
+    let mut last: Option<Instant> = None;
+    let mut done = false;
+    while let Some(chunk) = stream.next().await {
+        let Ok(chunk) = chunk else {
+            out.error = Some("the stream broke".into());
+            break;
+        };
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(pos) = buf.find("\n\n") {
+            let event: String = buf.drain(..pos + 2).collect();
+            for line in event.lines() {
+                let Some(data) = line.strip_prefix("data:").map(str::trim) else {
+                    continue;
+                };
+                if data == "[DONE]" {
+                    done = true;
+                    continue;
+                }
+                let Ok(v) = serde_json::from_str::<Value>(data) else {
+                    continue;
+                };
+                if v.get("error").is_some() {
+                    out.error = Some(v["error"].to_string());
+                }
+                if has_token(&v) {
+                    let now = Instant::now();
+                    match last {
+                        None => out.ttft = Some(now.duration_since(started).as_secs_f64()),
+                        Some(prev) => out.itls.push(now.duration_since(prev).as_secs_f64()),
+                    }
+                    last = Some(now);
+                }
+                read_usage(&mut out, &v);
+            }
+        }
+    }
+    out.e2e = started.elapsed().as_secs_f64();
+    out.ok = done && out.error.is_none();
+    out
+}
+
+/// Sends `bodies` to `urls` (rotating) as a Poisson process of `rate` per second,
+/// printing progress under `label`; returns outcomes in send order.
+pub async fn open_loop(
+    client: &reqwest::Client,
+    urls: &[String],
+    bodies: Vec<Value>,
+    rate: f64,
+    seed: u64,
+    label: &str,
+) -> Vec<Outcome> {
+    let mut rng = Rng::new(seed);
+    let total = bodies.len();
+    let done = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut at = 0.0;
+    let mut tasks = tokio::task::JoinSet::new();
+    let progress = spawn_progress(label.to_owned(), total, done.clone());
+    for (i, body) in bodies.into_iter().enumerate() {
+        at += rng.exp(rate);
+        tokio::time::sleep_until((started + Duration::from_secs_f64(at)).into()).await;
+        let (client, url, done) = (client.clone(), urls[i % urls.len()].clone(), done.clone());
+        tasks.spawn(async move {
+            let o = send(&client, &url, &body).await;
+            done.fetch_add(1, Ordering::Relaxed);
+            (i, o)
+        });
+    }
+    let mut out = vec![Outcome::default(); total];
+    while let Some(r) = tasks.join_next().await {
+        if let Ok((i, o)) = r {
+            out[i] = o;
+        }
+    }
+    progress.abort();
+    eprintln!(
+        "\r[{label}] {total}/{total} done in {:.1} s          ",
+        started.elapsed().as_secs_f64()
+    );
+    out
+}
+
+/// A progress line on stderr while requests run (redrawn on a terminal).
+pub fn spawn_progress(
+    label: String,
+    total: usize,
+    done: Arc<AtomicUsize>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let tty = std::io::stderr().is_terminal();
+        let mut tick = tokio::time::interval(Duration::from_millis(if tty { 250 } else { 5000 }));
+        loop {
+            tick.tick().await;
+            let n = done.load(Ordering::Relaxed);
+            let width = 30;
+            let filled = (n * width).checked_div(total).unwrap_or(width);
+            let bar: String = "#".repeat(filled) + &"-".repeat(width - filled);
+            if tty {
+                eprint!("\r[{label}] [{bar}] {n}/{total}");
+                let _ = std::io::stderr().flush();
+            } else {
+                eprintln!("[{label}] {n}/{total}");
+            }
+        }
+    })
+}

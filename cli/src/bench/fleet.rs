@@ -1,0 +1,254 @@
+//! A simulated fleet for a benchmark: simulators on one runtime, gateways on another
+//! (threads named `infera-sim*` and `infera-gw*`, so each one's CPU time is measured
+//! apart from the driver's), records fed to each gateway's in-process registry.
+
+use crate::up::local::build_sim_record;
+use anyhow::{Context, Result, anyhow};
+use clap::Parser;
+use infera_gateway::config::GatewayConfig;
+use infera_gateway::gateway::Gateway;
+use infera_gateway::registry::Registry;
+use infera_gateway::server::{RunningGateway, start_embedded};
+use infera_operator::api::SimFlavor;
+use infera_prompt::PromptCodec;
+use infera_proto::pd::PdProtocol;
+use infera_sim::core::CoreConfig;
+use infera_sim::engine::Timing;
+use infera_sim::faults::FaultSettings;
+use infera_sim::kv_events::KvEventsEndpoint;
+use infera_sim::pd::{PdLeg, PdRole};
+use infera_sim::profile::LatencyProfile;
+use infera_sim::worker::{RunningWorker, WorkerConfig, build_generator, start_worker};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::runtime::Runtime;
+
+/// Model name every bench worker serves.
+pub const MODEL: &str = "bench-model";
+
+/// One simulated worker.
+#[derive(Debug, Clone)]
+pub struct SimSpec {
+    /// KV blocks of 16 tokens.
+    pub kv_blocks: usize,
+    /// Step-time divisor.
+    pub speedup: f64,
+    /// Latency profile.
+    pub profile: String,
+    /// Prefill/decode role.
+    pub pd: Option<(PdProtocol, PdLeg)>,
+    /// Publish KV events.
+    pub kv_events: bool,
+    /// KV transfer bandwidth (prefill/decode).
+    pub transfer_gbytes_per_s: f64,
+}
+
+/// Simulators and gateways.
+#[derive(Debug)]
+pub struct Fleet {
+    sim_rt: Option<Runtime>,
+    gw_rt: Option<Runtime>,
+    /// Simulators.
+    pub sims: Vec<RunningWorker>,
+    /// Gateways.
+    pub gateways: Vec<RunningGateway>,
+}
+
+fn runtime(name: &str, threads: usize) -> Result<Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .with_context(|| format!("starting the {name} runtime"))
+}
+
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+fn worker_config(spec: &SimSpec, index: usize) -> Result<WorkerConfig> {
+    let port = free_port()?;
+    let pd = match spec.pd {
+        Some((protocol, leg)) => Some(PdRole {
+            leg,
+            protocol,
+            host: "127.0.0.1".into(),
+            http_port: port,
+            handshake_port: free_port()?,
+            notify_port: free_port()?,
+            tp_size: 1,
+            dp_size: 1,
+            bootstrap_port: free_port()?,
+            engine_id: format!("bench-{index}"),
+        }),
+        None => None,
+    };
+    Ok(WorkerConfig {
+        listen: ([127, 0, 0, 1], port).into(),
+        engine: infera_proto::worker::EngineKind::Vllm,
+        model: MODEL.into(),
+        core: CoreConfig {
+            block_size: 16,
+            kv_blocks: spec.kv_blocks,
+            max_num_batched_tokens: 8192,
+            max_num_seqs: 256,
+            profile: LatencyProfile::builtin(&spec.profile)
+                .ok_or_else(|| anyhow!("unknown simulator profile {}", spec.profile))?,
+            kv_transfer_gbytes_per_s: spec.transfer_gbytes_per_s,
+        },
+        timing: Timing::exact(spec.speedup),
+        event_format: None,
+        kv_events: if spec.kv_events {
+            Some(KvEventsEndpoint {
+                endpoint: format!("tcp://127.0.0.1:{}", free_port()?),
+                replay_endpoint: None,
+                topic: String::new(),
+            })
+        } else {
+            None
+        },
+        dp_rank: None,
+        pd,
+        tp_size: 1,
+        dp_size: 1,
+        default_max_tokens: 16,
+        faults: FaultSettings::default(),
+        startup_delay: Duration::ZERO,
+        refuse_connections: false,
+    })
+}
+
+impl Fleet {
+    /// Starts `sims` and `gateways` gateways started with `flags`.
+    pub async fn start(sims: &[SimSpec], gateways: usize, flags: &[String]) -> Result<Fleet> {
+        let sim_rt = runtime("infera-sim", 2)?;
+        let gw_rt = runtime("infera-gw", 2)?;
+        let codec = Arc::new(PromptCodec::bytes());
+        let generator = Arc::new(build_generator(&codec));
+        let mut running = Vec::new();
+        let mut records = Vec::new();
+        for (i, spec) in sims.iter().enumerate() {
+            let cfg = worker_config(spec, i)?;
+            let events = cfg.kv_events.as_ref().map(|e| e.endpoint.clone());
+            let role = cfg.pd.clone();
+            let (codec, generator) = (codec.clone(), generator.clone());
+            let worker = sim_rt
+                .spawn(async move { start_worker(cfg, codec, generator).await })
+                .await??;
+            records.push(build_sim_record(
+                worker.addr,
+                SimFlavor::Vllm,
+                MODEL,
+                role.as_ref(),
+                events.as_deref(),
+                16,
+            )?);
+            running.push(worker);
+        }
+        let mut gws = Vec::new();
+        for _ in 0..gateways {
+            let mut args = vec![
+                "infera-gateway".to_owned(),
+                "--host".into(),
+                "127.0.0.1".into(),
+            ];
+            args.extend(flags.iter().cloned());
+            let cfg =
+                GatewayConfig::try_parse_from(args).map_err(|e| anyhow!("gateway flags: {e}"))?;
+            let records = records.clone();
+            let gw = gw_rt
+                .spawn(async move {
+                    let registry = Registry::new();
+                    for r in records {
+                        registry.upsert(r);
+                    }
+                    registry.mark_synced();
+                    let gw = Gateway::new(cfg, registry).map_err(|e| anyhow!("{e}"))?;
+                    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+                    start_embedded(gw, listener)
+                        .await
+                        .map_err(|e| anyhow!("{e}"))
+                })
+                .await??;
+            gws.push(gw);
+        }
+        // KV-event subscriptions connect in the background: give them a moment.
+        if sims.iter().any(|s| s.kv_events) {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        Ok(Fleet {
+            sim_rt: Some(sim_rt),
+            gw_rt: Some(gw_rt),
+            sims: running,
+            gateways: gws,
+        })
+    }
+
+    /// `http://gateway{path}` of each gateway.
+    pub fn gateway_urls(&self, path: &str) -> Vec<String> {
+        self.gateways
+            .iter()
+            .map(|g| format!("http://{}{path}", g.addr))
+            .collect()
+    }
+
+    /// `http://sim{path}` of each simulator.
+    pub fn sim_urls(&self, path: &str) -> Vec<String> {
+        self.sims
+            .iter()
+            .map(|s| format!("http://{}{path}", s.addr))
+            .collect()
+    }
+
+    /// Requests each simulator finished.
+    pub fn served(&self) -> Vec<u64> {
+        self.sims
+            .iter()
+            .map(|s| s.state.engine.counters.finished.load(Ordering::SeqCst))
+            .collect()
+    }
+
+    /// Stops everything.
+    pub async fn shutdown(mut self) {
+        let gateways = std::mem::take(&mut self.gateways);
+        let sims = std::mem::take(&mut self.sims);
+        if let Some(rt) = &self.gw_rt {
+            let _ = rt
+                .spawn(async move {
+                    for g in gateways {
+                        g.shutdown().await;
+                    }
+                })
+                .await;
+        }
+        if let Some(rt) = &self.sim_rt {
+            let _ = rt
+                .spawn(async move {
+                    for s in sims {
+                        s.shutdown().await;
+                    }
+                })
+                .await;
+        }
+        if let Some(rt) = self.gw_rt.take() {
+            rt.shutdown_background();
+        }
+        if let Some(rt) = self.sim_rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        if let Some(rt) = self.gw_rt.take() {
+            rt.shutdown_background();
+        }
+        if let Some(rt) = self.sim_rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! `infera bench s2 --small` as CI runs it: the JSON report has every field with sane
+//! values (not timed: the machines are noisy).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use serde_json::Value;
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_infera");
+
+#[test]
+fn s2_small_writes_a_sane_report_and_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["bench", "s2", "--small", "--out"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("hit/oracle") && stdout.contains("kv-aware-2-replicas"),
+        "{stdout}"
+    );
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("s2.json")).unwrap())
+            .unwrap();
+    assert_eq!(report["scenario"], "s2");
+    assert_eq!(report["size"], "small");
+    assert!(report["machine"]["cores"].as_u64().unwrap() >= 1);
+    let runs = report["runs"].as_array().unwrap();
+    let policies: Vec<&str> = runs.iter().map(|r| r["policy"].as_str().unwrap()).collect();
+    assert_eq!(
+        policies,
+        [
+            "random",
+            "round-robin",
+            "kv-aware",
+            "kv-aware-approximate",
+            "kv-aware-2-replicas"
+        ]
+    );
+    for r in runs {
+        let policy = r["policy"].as_str().unwrap();
+        assert_eq!(r["errors"], 0, "{policy}: {r}");
+        assert_eq!(r["requests"], 32);
+        let p50 = r["ttft_s"]["p50"].as_f64().unwrap();
+        let p90 = r["ttft_s"]["p90"].as_f64().unwrap();
+        assert!(p50 > 0.0 && p50 <= p90, "{policy}: {r}");
+        for key in ["hit_ratio", "oracle_hit_ratio"] {
+            let v = r[key].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&v), "{policy} {key}: {v}");
+        }
+        assert!(r["output_tok_per_s"].as_f64().unwrap() > 0.0);
+        let served: u64 = r["requests_per_worker"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as u64)
+            .sum();
+        assert_eq!(served, 32, "{policy}: every request served once");
+        assert!(r["gateway_cpu_us_per_request"].as_f64().unwrap() > 0.0);
+    }
+    // Routing by prefix finds more cached tokens than rotating (a behaviour, not a time).
+    let hit = |p: &str| {
+        runs.iter().find(|r| r["policy"] == p).unwrap()["hit_ratio"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(hit("kv-aware") > hit("round-robin"), "{runs:?}");
+    let svg = std::fs::read_to_string(dir.path().join("s2.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.matches("<polyline").count() == 5);
+}
