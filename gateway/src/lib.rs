@@ -15,6 +15,7 @@ pub mod config;
 pub mod discovery;
 pub mod dispatch;
 pub mod gateway;
+pub mod index_bench;
 pub mod kv_ingest;
 pub mod kv_policy;
 pub mod kv_router;

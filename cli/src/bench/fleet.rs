@@ -187,6 +187,34 @@ impl Fleet {
         })
     }
 
+    /// One gateway discovering workers itself (from `flags`: etcd), no simulators.
+    pub async fn start_discovering(flags: &[String]) -> Result<Fleet> {
+        let sim_rt = runtime("infera-sim", 1)?;
+        let gw_rt = runtime("infera-gw", 2)?;
+        let mut args = vec![
+            "infera-gateway".to_owned(),
+            "--host".into(),
+            "127.0.0.1".into(),
+        ];
+        args.extend(flags.iter().cloned());
+        let cfg = GatewayConfig::try_parse_from(args).map_err(|e| anyhow!("gateway flags: {e}"))?;
+        let gw = gw_rt
+            .spawn(async move {
+                let gw = Gateway::new(cfg, Registry::new()).map_err(|e| anyhow!("{e}"))?;
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+                infera_gateway::server::start_gateway(gw, listener)
+                    .await
+                    .map_err(|e| anyhow!("{e}"))
+            })
+            .await??;
+        Ok(Fleet {
+            sim_rt: Some(sim_rt),
+            gw_rt: Some(gw_rt),
+            sims: Vec::new(),
+            gateways: vec![gw],
+        })
+    }
+
     /// `http://gateway{path}` of each gateway.
     pub fn gateway_urls(&self, path: &str) -> Vec<String> {
         self.gateways

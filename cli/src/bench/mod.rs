@@ -9,6 +9,9 @@ pub mod fleet;
 pub mod report;
 pub mod s1;
 pub mod s2;
+pub mod s3;
+pub mod s4;
+pub mod s5;
 pub mod stats;
 pub mod workload;
 
@@ -26,6 +29,12 @@ pub enum Scenario {
     S1,
     /// Shared-prefix routing: policies compared on TTFT and cache hits.
     S2,
+    /// Multi-turn sessions under KV pressure.
+    S3,
+    /// Prefill/decode disaggregation against mixed workers.
+    S4,
+    /// Control plane scale (needs --etcd).
+    S5,
 }
 
 /// `infera bench` flags.
@@ -45,6 +54,9 @@ pub struct BenchArgs {
     /// Only these policies (comma-separated), where the scenario compares policies.
     #[arg(long, value_delimiter = ',')]
     pub policies: Vec<String>,
+    /// etcd client URL (S5 writes worker records there).
+    #[arg(long, value_name = "URL")]
+    pub etcd: Option<String>,
 }
 
 /// What every scenario runner gets.
@@ -69,6 +81,9 @@ fn scenario_file(s: Scenario) -> &'static str {
     match s {
         Scenario::S1 => include_str!("../../../bench/scenarios/s1.yaml"),
         Scenario::S2 => include_str!("../../../bench/scenarios/s2.yaml"),
+        Scenario::S3 => include_str!("../../../bench/scenarios/s3.yaml"),
+        Scenario::S4 => include_str!("../../../bench/scenarios/s4.yaml"),
+        Scenario::S5 => include_str!("../../../bench/scenarios/s5.yaml"),
     }
 }
 
@@ -168,6 +183,97 @@ fn rows(id: &str, result: &Value) -> (Vec<&'static str>, Vec<Vec<String>>) {
                 })
                 .collect(),
         ),
+        "s3" => (
+            vec![
+                "policy",
+                "KV/working set",
+                "turn",
+                "TTFT p50 s",
+                "hit",
+                "evictions",
+                "errors",
+            ],
+            runs.iter()
+                .flat_map(|r| {
+                    r["turns"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(move |t| {
+                            vec![
+                                r["policy"].as_str().unwrap_or("").to_owned(),
+                                num(&r["kv_fraction"]),
+                                t["turn"].to_string(),
+                                num(&t["ttft_p50_s"]),
+                                num(&t["hit_ratio"]),
+                                r["evictions"].to_string(),
+                                r["errors"].to_string(),
+                            ]
+                        })
+                })
+                .collect(),
+        ),
+        "s4" => (
+            vec![
+                "policy",
+                "input",
+                "output",
+                "GB/s",
+                "goodput",
+                "TTFT p50 s",
+                "TTFT p90 s",
+                "ITL p50 ms",
+                "ITL p99 ms",
+                "gw CPU µs/req",
+                "errors",
+            ],
+            runs.iter()
+                .map(|r| {
+                    vec![
+                        r["policy"].as_str().unwrap_or("").to_owned(),
+                        r["input"].to_string(),
+                        r["output"].to_string(),
+                        num(&r["transfer_gbytes_per_s"]),
+                        num(&r["goodput_ratio"]),
+                        num(&r["ttft_s"]["p50"]),
+                        num(&r["ttft_s"]["p90"]),
+                        num(&json!(r["itl_s"]["p50"].as_f64().unwrap_or(0.0) * 1e3)),
+                        num(&r["itl_p99_ms"]),
+                        num(&r["gateway_cpu_us_per_request"]),
+                        r["errors"].to_string(),
+                    ]
+                })
+                .collect(),
+        ),
+        "s5" => (
+            vec![
+                "records",
+                "all routable s",
+                "join p50 ms",
+                "join p99 ms",
+                "leave p99 ms",
+                "idle CPU %",
+                "index ops/s",
+                "B/block",
+                "decision µs",
+            ],
+            runs.iter()
+                .map(|r| {
+                    vec![
+                        r["records"].to_string(),
+                        num(&r["all_routable_s"]),
+                        num(&r["join_to_routable_ms"]["p50"]),
+                        num(&r["join_to_routable_ms"]["p99"]),
+                        num(&r["leave_to_gone_ms"]["p99"]),
+                        num(&r["idle_gateway_cpu_percent"]),
+                        num(&r["index_inserts_per_s"]),
+                        num(&r["index_bytes_per_block"]),
+                        num(&r["route_decision_us"]),
+                    ]
+                })
+                .collect(),
+        ),
         _ => (
             vec![
                 "policy",
@@ -206,6 +312,71 @@ fn rows(id: &str, result: &Value) -> (Vec<&'static str>, Vec<Vec<String>>) {
 fn plot(id: &str, title: &str, result: &Value) -> String {
     let runs = result["runs"].as_array().cloned().unwrap_or_default();
     let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    if id == "s3" {
+        for r in &runs {
+            let name = format!(
+                "{} @ {}x",
+                r["policy"].as_str().unwrap_or(""),
+                r["kv_fraction"]
+            );
+            let pts = r["turns"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .map(|t| {
+                    (
+                        t["turn"].as_f64().unwrap_or(0.0),
+                        t["hit_ratio"].as_f64().unwrap_or(0.0),
+                    )
+                })
+                .collect();
+            series.push((name, pts));
+        }
+        return svg_plot(&format!("S3 {title}"), "turn", "prefix hit ratio", &series);
+    }
+    if id == "s4" {
+        for r in &runs {
+            let name = match r["transfer_gbytes_per_s"].as_f64() {
+                Some(g) => format!("{} {g} GB/s", r["policy"].as_str().unwrap_or("")),
+                None => r["policy"].as_str().unwrap_or("").to_owned(),
+            };
+            let point = (
+                r["input"].as_f64().unwrap_or(0.0),
+                r["goodput_ratio"].as_f64().unwrap_or(0.0),
+            );
+            match series.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, pts)) => pts.push(point),
+                None => series.push((name, vec![point])),
+            }
+        }
+        return svg_plot(
+            &format!("S4 {title}"),
+            "input tokens",
+            "goodput (share of requests in SLO)",
+            &series,
+        );
+    }
+    if id == "s5" {
+        let r = runs.first().cloned().unwrap_or(Value::Null);
+        let pts = ["p50", "p90", "p99"]
+            .iter()
+            .enumerate()
+            .map(|(i, q)| {
+                (
+                    i as f64 + 1.0,
+                    r["join_to_routable_ms"][q].as_f64().unwrap_or(0.0),
+                )
+            })
+            .collect();
+        series.push(("join to routable (ms) at p50, p90, p99".into(), pts));
+        return svg_plot(
+            &format!("S5 {title}"),
+            "quantile (1 = p50, 2 = p90, 3 = p99)",
+            "ms",
+            &series,
+        );
+    }
     let (key, y): (&str, fn(&Value) -> f64) = match id {
         "s1" => ("stream", |r| r["added_p50_us"].as_f64().unwrap_or(0.0)),
         _ => ("policy", |r| r["ttft_s"]["p50"].as_f64().unwrap_or(0.0)),
@@ -251,8 +422,10 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     } else {
         args.policies.clone()
     };
-    for p in &policies {
-        policy_flags(p)?;
+    if matches!(args.scenario, Scenario::S2 | Scenario::S3) {
+        for p in &policies {
+            policy_flags(p)?;
+        }
     }
     let ctx = Ctx { seed: args.seed };
     eprintln!(
@@ -272,6 +445,22 @@ pub async fn run(args: BenchArgs) -> Result<()> {
                 &file.profile,
             )
             .await?
+        }
+        Scenario::S3 => {
+            let size = serde_json::from_value(size.clone())?;
+            s3::run(&ctx, &size, &policies, &file.profile).await?
+        }
+        Scenario::S4 => {
+            let size = serde_json::from_value(size.clone())?;
+            s4::run(&ctx, &size, &policies, &file.profile).await?
+        }
+        Scenario::S5 => {
+            let Some(etcd) = &args.etcd else {
+                bail!(
+                    "s5 writes worker records into a real etcd: pass --etcd URL (testenv/build.sh builds one; scripts/test starts one)"
+                );
+            };
+            s5::run(&ctx, &serde_json::from_value(size.clone())?, etcd).await?
         }
     };
     let report = json!({
