@@ -376,7 +376,7 @@ fn outcome_for(status: reqwest::StatusCode) -> Outcome {
 fn outcome_of_error(e: &ApiError) -> Outcome {
     match e.class {
         ErrorClass::GatewayTimeout => Outcome::Timeout,
-        ErrorClass::BadRequest => Outcome::ClientError,
+        ErrorClass::BadRequest | ErrorClass::RateLimited => Outcome::ClientError,
         _ => Outcome::UpstreamError,
     }
 }

@@ -106,7 +106,8 @@ pub fn route<'s>(snapshot: &'s Snapshot, model: &str) -> Result<Route<'s>, Route
 }
 
 /// The worker a direct-mode header pins, as a one-target list (no data-parallel
-/// steering: the picker addressed the worker, whose engine spreads over its ranks).
+/// steering, the picker addressed the worker, except for a data-parallel prefill,
+/// which is steered to one rank that the prefill/decode handoff names).
 pub fn pinned(
     snapshot: &Snapshot,
     header: &'static str,
@@ -138,10 +139,17 @@ pub fn pinned(
             record.disagg_mode.as_str()
         )));
     }
+    // A pinned prefill running data-parallel is steered to one rank, so the bootstrap
+    // room (and vLLM's `_dp<rank>` engine id) can name where its KV is.
+    let dp_rank = (record.disagg_mode == DisaggMode::Prefill && record.dp_size > 1).then(|| {
+        record
+            .dp_rank
+            .unwrap_or_else(|| fastrand::u32(..record.dp_size))
+    });
     Ok(vec![Target {
         record: record.clone(),
         key: record.worker_id.clone(),
-        dp_rank: None,
+        dp_rank,
     }])
 }
 

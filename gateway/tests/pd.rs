@@ -17,14 +17,6 @@ use infera_sim::pd::{PdLeg, PdRole, build_disagg_meta};
 use infera_sim::worker::RunningWorker;
 use serde_json::{Value, json};
 
-fn engine_of(protocol: PdProtocol) -> EngineKind {
-    match protocol {
-        PdProtocol::SglangBootstrap => EngineKind::Sglang,
-        PdProtocol::AtomMooncake => EngineKind::Atom,
-        _ => EngineKind::Vllm,
-    }
-}
-
 fn role(protocol: PdProtocol, leg: PdLeg) -> PdRole {
     PdRole {
         leg,
@@ -44,8 +36,8 @@ fn role(protocol: PdProtocol, leg: PdLeg) -> PdRole {
 async fn start_leg(protocol: PdProtocol, leg: PdLeg) -> (RunningWorker, WorkerRecord) {
     let role = role(protocol, leg);
     let meta = build_disagg_meta(&role);
-    let sim = start_sim_with(engine_of(protocol), 50.0, |c| c.pd = Some(role)).await;
-    let mut record = serde_json::to_value(record_for(sim.addr, engine_of(protocol))).unwrap();
+    let sim = start_sim_with(protocol.engine(), 50.0, |c| c.pd = Some(role)).await;
+    let mut record = serde_json::to_value(record_for(sim.addr, protocol.engine())).unwrap();
     record["disagg_mode"] = json!(match leg {
         PdLeg::Prefill => "prefill",
         PdLeg::Decode => "decode",

@@ -59,6 +59,16 @@ impl PdProtocol {
         }
     }
 
+    /// The engine that speaks this protocol.
+    pub fn engine(self) -> crate::worker::EngineKind {
+        use crate::worker::EngineKind;
+        match self {
+            Self::SglangBootstrap => EngineKind::Sglang,
+            Self::VllmMooncake | Self::VllmMoriWrite | Self::VllmMoriRead => EngineKind::Vllm,
+            Self::AtomMooncake => EngineKind::Atom,
+        }
+    }
+
     /// Whether the engines accept only `/v1/completions` in this mode (ATOM threads
     /// `kv_transfer_params` through the text-completion path only).
     pub fn completions_only(self) -> bool {

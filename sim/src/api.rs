@@ -7,12 +7,13 @@ use crate::engine::{EngineHandle, EngineOutput};
 use crate::faults::{FaultSettings, Faults};
 use crate::flavor::Flavor;
 use crate::generate::OutputGenerator;
+use crate::handoff;
 use crate::metrics::render_metrics;
 use crate::openai::{
     Endpoint, ParsedRequest, PromptInput, Rejection, ResponseMeta, build_chunk, build_response,
     build_usage, build_usage_chunk, parse_request,
 };
-use crate::pd::{self, PdRole};
+use crate::pd::{self, PdLeg, PdRole};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -180,6 +181,21 @@ async fn generate(s: Shared, endpoint: Endpoint, headers: HeaderMap, body: Bytes
         let bytes: Vec<u8> = prompt.iter().flat_map(|t| t.to_le_bytes()).collect();
         xxh3_64(&bytes)
     });
+    // Concurrent prefill/decode: a decode starts once its prefill computed the KV.
+    let handoff =
+        s.pd.as_ref()
+            .and_then(|role| handoff::handoff_key(role.protocol, &req.body).map(|k| (role.leg, k)));
+    let prefill_guard = match handoff {
+        Some((PdLeg::Prefill, key)) => {
+            handoff::prefill_started(&key);
+            Some(handoff::PrefillGuard(key))
+        }
+        Some((PdLeg::Decode, key)) => {
+            handoff::wait_for_prefill(&key).await;
+            None
+        }
+        None => None,
+    };
     let id = s.engine.next_id();
     let new = NewRequest {
         id,
@@ -188,7 +204,7 @@ async fn generate(s: Shared, endpoint: Endpoint, headers: HeaderMap, body: Bytes
         lora: None,
         remote_kv: plan.as_ref().is_some_and(|p| p.remote_kv),
     };
-    let Some(rx) = s.engine.submit(new) else {
+    let Some(mut rx) = s.engine.submit(new) else {
         let r = Rejection {
             status: 503,
             message: "engine stopped".into(),
@@ -196,6 +212,22 @@ async fn generate(s: Shared, endpoint: Endpoint, headers: HeaderMap, body: Bytes
         };
         return error_response(&s, &r);
     };
+    if let Some(guard) = prefill_guard {
+        // The prefill is done at its first token; the guard also covers a cancel.
+        let (tx, forwarded) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut guard = Some(guard);
+            while let Some(out) = rx.recv().await {
+                if matches!(out, EngineOutput::Token(_)) {
+                    guard.take();
+                }
+                if tx.send(out).is_err() {
+                    break;
+                }
+            }
+        });
+        rx = forwarded;
+    }
     let meta = ResponseMeta {
         id: match endpoint {
             Endpoint::Chat => format!("chatcmpl-sim-{id}"),

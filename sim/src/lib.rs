@@ -20,6 +20,7 @@ pub mod engine;
 pub mod faults;
 pub mod flavor;
 pub mod generate;
+pub mod handoff;
 pub mod kv_cache;
 pub mod kv_events;
 pub mod metrics;

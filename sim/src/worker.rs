@@ -130,7 +130,10 @@ pub async fn start_worker(
         block_size: core.block_size,
         max_model_len: core.profile.max_model_len,
         default_max_tokens: cfg.default_max_tokens,
-        pd: cfg.pd.clone(),
+        pd: {
+            crate::handoff::register_prefill_worker(cfg.pd.as_ref());
+            cfg.pd.clone()
+        },
         tp_size: cfg.tp_size,
         dp_size: cfg.dp_size,
         codec,

@@ -21,16 +21,8 @@ fn fixture(protocol: PdProtocol) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
-fn engine_of(protocol: PdProtocol) -> EngineKind {
-    match protocol {
-        PdProtocol::SglangBootstrap => EngineKind::Sglang,
-        PdProtocol::AtomMooncake => EngineKind::Atom,
-        _ => EngineKind::Vllm,
-    }
-}
-
 async fn start_role(protocol: PdProtocol, leg: PdLeg) -> RunningWorker {
-    let mut cfg = mk_config(engine_of(protocol));
+    let mut cfg = mk_config(protocol.engine());
     cfg.model = "m".into();
     cfg.pd = Some(PdRole {
         leg,
@@ -173,5 +165,75 @@ async fn a_mixed_worker_ignores_pd_fields_but_a_pd_worker_requires_them() {
             .await
             .unwrap()
             .contains("would compute the request locally")
+    );
+}
+
+#[tokio::test]
+async fn a_decode_waits_for_its_prefill_in_the_same_process() {
+    // Real H200 timing: a 6,000-token prefill takes hundreds of milliseconds, a
+    // two-token decode of transferred KV a few.
+    let role = |leg| PdRole {
+        leg,
+        protocol: PdProtocol::VllmMooncake,
+        host: "127.0.0.1".into(),
+        http_port: 0,
+        handshake_port: 6301,
+        notify_port: 61005,
+        tp_size: 1,
+        dp_size: 1,
+        bootstrap_port: 8998,
+        engine_id: "eng-wait".into(),
+    };
+    let mut cfg = mk_config(EngineKind::Vllm);
+    cfg.timing = infera_sim::engine::Timing::exact(1.0);
+    cfg.core.kv_blocks = 8192;
+    let (mut p_cfg, mut d_cfg) = (cfg.clone(), cfg);
+    p_cfg.pd = Some(role(PdLeg::Prefill));
+    d_cfg.pd = Some(role(PdLeg::Decode));
+    let (prefill, decode) = (start(p_cfg).await, start(d_cfg).await);
+    let prompt = "x".repeat(6000);
+    let xfer = "xfer-wait-test-0001";
+    let body = |remote_decode: bool, max_tokens: u64| {
+        json!({"model": "fixture-model", "prompt": prompt, "max_tokens": max_tokens,
+               "kv_transfer_params": {"do_remote_decode": remote_decode, "do_remote_prefill": !remote_decode,
+                   "transfer_id": xfer, "remote_engine_id": "eng-wait", "remote_bootstrap_addr": "http://127.0.0.1:8998"}})
+    };
+    let client = reqwest::Client::new();
+    let p = {
+        let (client, u, b) = (
+            client.clone(),
+            url(&prefill, "/v1/completions"),
+            body(true, 1),
+        );
+        tokio::spawn(async move {
+            let r = client.post(u).json(&b).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            r.bytes().await.unwrap();
+            std::time::Instant::now()
+        })
+    };
+    // The prefill is computing (its handoff is registered) before the decode is sent.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !infera_sim::handoff::is_pending(&format!("xfer:{xfer}")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the prefill never started"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let r = client
+        .post(url(&decode, "/v1/completions"))
+        .json(&body(false, 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    r.bytes().await.unwrap();
+    let decode_done = std::time::Instant::now();
+    let prefill_done = p.await.unwrap();
+    assert!(
+        decode_done >= prefill_done - std::time::Duration::from_millis(20),
+        "the decode answered {:?} before its prefill finished",
+        prefill_done - decode_done
     );
 }

@@ -1,6 +1,6 @@
 //! CPU time and memory of what a benchmark measures: threads of this process by name
 //! (the gateway, the simulators and the driver each run on their own named runtime),
-//! or another process by pid.
+//! and peak memory.
 
 use std::time::Duration;
 
@@ -25,22 +25,6 @@ pub fn threads_cpu(prefix: &str) -> Duration {
             .unwrap_or(0);
     }
     Duration::from_nanos(ns)
-}
-
-/// User + system CPU time of process `pid` (clock ticks of 10 ms).
-pub fn process_cpu(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command (which may contain spaces) start after the last ')'.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the ')'.
-    Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
 
 /// Peak resident set of process `pid` (or `self`), bytes.

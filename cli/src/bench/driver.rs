@@ -10,6 +10,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+/// Longest a request may take before it counts as an error (a stuck request must not
+/// hang a run).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The driver's HTTP client: many idle connections per host, the request timeout.
+pub fn client() -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .pool_max_idle_per_host(1024)
+        .timeout(REQUEST_TIMEOUT)
+        .tcp_nodelay(true)
+        .build()?)
+}
+
 /// What one request measured.
 #[derive(Debug, Clone, Default)]
 pub struct Outcome {

@@ -2,7 +2,7 @@
 //! (threads named `infera-sim*` and `infera-gw*`, so each one's CPU time is measured
 //! apart from the driver's), records fed to each gateway's in-process registry.
 
-use crate::up::local::build_sim_record;
+use crate::up::local::{build_sim_record, free_port, loopback_pd_role};
 use anyhow::{Context, Result, anyhow};
 use clap::Parser;
 use infera_gateway::config::GatewayConfig;
@@ -16,7 +16,7 @@ use infera_sim::core::CoreConfig;
 use infera_sim::engine::Timing;
 use infera_sim::faults::FaultSettings;
 use infera_sim::kv_events::KvEventsEndpoint;
-use infera_sim::pd::{PdLeg, PdRole};
+use infera_sim::pd::PdLeg;
 use infera_sim::profile::LatencyProfile;
 use infera_sim::worker::{RunningWorker, WorkerConfig, build_generator, start_worker};
 use std::sync::Arc;
@@ -64,28 +64,12 @@ fn runtime(name: &str, threads: usize) -> Result<Runtime> {
         .with_context(|| format!("starting the {name} runtime"))
 }
 
-fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
-}
-
 fn worker_config(spec: &SimSpec, index: usize) -> Result<WorkerConfig> {
     let port = free_port()?;
-    let pd = match spec.pd {
-        Some((protocol, leg)) => Some(PdRole {
-            leg,
-            protocol,
-            host: "127.0.0.1".into(),
-            http_port: port,
-            handshake_port: free_port()?,
-            notify_port: free_port()?,
-            tp_size: 1,
-            dp_size: 1,
-            bootstrap_port: free_port()?,
-            engine_id: format!("bench-{index}"),
-        }),
-        None => None,
-    };
+    let pd = spec
+        .pd
+        .map(|(protocol, leg)| loopback_pd_role(protocol, leg, port, format!("bench-{index}")))
+        .transpose()?;
     Ok(WorkerConfig {
         listen: ([127, 0, 0, 1], port).into(),
         engine: infera_proto::worker::EngineKind::Vllm,

@@ -40,9 +40,7 @@ pub async fn run(ctx: &Ctx, size: &Size, profile: &str) -> Result<Value> {
         .map(String::from)
         .to_vec();
     let fleet = Fleet::start(&sims, 1, &flags).await?;
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(1024)
-        .build()?;
+    let client = super::driver::client()?;
     let mut rng = Rng::new(ctx.seed);
     let prompt = text(&mut rng, size.prompt_bytes);
     let mut steps = Vec::new();
@@ -71,8 +69,11 @@ pub async fn run(ctx: &Ctx, size: &Size, profile: &str) -> Result<Value> {
                 let e2e: Vec<f64> = out.iter().filter(|o| o.ok).map(|o| o.e2e).collect();
                 lat.push(e2e);
                 if target == "gateway" {
-                    gw_cpu_us =
-                        (threads_cpu("infera-gw") - before).as_secs_f64() * 1e6 / n.max(1) as f64;
+                    gw_cpu_us = threads_cpu("infera-gw")
+                        .saturating_sub(before)
+                        .as_secs_f64()
+                        * 1e6
+                        / n.max(1) as f64;
                     achieved = n as f64 / wall;
                 }
             }

@@ -44,7 +44,7 @@ pub async fn run(ctx: &Ctx, size: &Size, policies: &[String], profile: &str) -> 
                         "stream": true, "stream_options": {"include_usage": true}})
         })
         .collect();
-    let client = reqwest::Client::new();
+    let client = super::driver::client()?;
     let mut runs = Vec::new();
     for &rate in &size.rates {
         for policy in policies {
@@ -77,8 +77,8 @@ pub async fn run(ctx: &Ctx, size: &Size, policies: &[String], profile: &str) -> 
             )
             .await;
             let wall = t0.elapsed().as_secs_f64();
-            let gw_cpu = (threads_cpu("infera-gw") - gw0).as_secs_f64();
-            let sim_cpu = (threads_cpu("infera-sim") - sim0).as_secs_f64();
+            let gw_cpu = threads_cpu("infera-gw").saturating_sub(gw0).as_secs_f64();
+            let sim_cpu = threads_cpu("infera-sim").saturating_sub(sim0).as_secs_f64();
             let served: Vec<f64> = fleet.served().into_iter().map(|n| n as f64).collect();
             fleet.shutdown().await;
             let ok: Vec<_> = outcomes.iter().filter(|o| o.ok).collect();

@@ -70,7 +70,7 @@ pub async fn run(ctx: &Ctx, size: &Size, policies: &[String], profile: &str) -> 
             let fleet = Fleet::start(&sims, gateways, &flags).await?;
             let urls = fleet.gateway_urls("/v1/completions");
             let gw0 = threads_cpu("infera-gw");
-            let client = reqwest::Client::new();
+            let client = super::driver::client()?;
             let mut users = tokio::task::JoinSet::new();
             for u in 0..size.users {
                 let (client, url, size) =
@@ -105,7 +105,7 @@ pub async fn run(ctx: &Ctx, size: &Size, policies: &[String], profile: &str) -> 
                     }
                 }
             }
-            let gw_cpu = (threads_cpu("infera-gw") - gw0).as_secs_f64();
+            let gw_cpu = threads_cpu("infera-gw").saturating_sub(gw0).as_secs_f64();
             let ev = evictions(&fleet).await;
             fleet.shutdown().await;
             let errors: usize = by_turn.iter().flatten().filter(|o| !o.ok).count();

@@ -58,7 +58,7 @@ fn fleet_spec(
 
 /// Runs S4.
 pub async fn run(ctx: &Ctx, size: &Size, policies: &[String], profile: &str) -> Result<Value> {
-    let client = reqwest::Client::new();
+    let client = super::driver::client()?;
     let mut runs = Vec::new();
     for &(input, output) in &size.shapes {
         let mut rng = Rng::new(ctx.seed);
@@ -88,7 +88,7 @@ pub async fn run(ctx: &Ctx, size: &Size, policies: &[String], profile: &str) -> 
                     &label,
                 )
                 .await;
-                let gw_cpu = (threads_cpu("infera-gw") - gw0).as_secs_f64();
+                let gw_cpu = threads_cpu("infera-gw").saturating_sub(gw0).as_secs_f64();
                 fleet.shutdown().await;
                 let s = size.speedup;
                 let ok: Vec<_> = outcomes.iter().filter(|o| o.ok).collect();

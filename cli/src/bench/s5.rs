@@ -35,7 +35,7 @@ fn id(i: usize) -> String {
     format!("10.{}.{}.1:8000", i / 250, i % 250)
 }
 
-/// Waits until `present(id)` holds; the elapsed time.
+/// Waits until the worker `id` is (or is no longer) in the gateway's registry.
 async fn until(fleet: &Fleet, id: &str, present: bool) -> Result<Duration> {
     let t0 = Instant::now();
     loop {
@@ -100,14 +100,18 @@ pub async fn run(ctx: &Ctx, size: &Size, etcd: &str) -> Result<Value> {
         if k % 2 == 0 {
             let i = size.records + k;
             let (key, value) = put(i);
+            let t = Instant::now();
             client
                 .put(key, value, Some(PutOptions::new().with_lease(lease)))
                 .await?;
-            joins.push(until(&fleet, &id(i), true).await?.as_secs_f64());
+            until(&fleet, &id(i), true).await?;
+            joins.push(t.elapsed().as_secs_f64());
         } else {
             let i = k;
+            let t = Instant::now();
             client.delete(format!("{prefix}{}", id(i)), None).await?;
-            leaves.push(until(&fleet, &id(i), false).await?.as_secs_f64());
+            until(&fleet, &id(i), false).await?;
+            leaves.push(t.elapsed().as_secs_f64());
         }
         tokio::time::sleep(gap.saturating_sub(tick.elapsed())).await;
     }
@@ -115,7 +119,8 @@ pub async fn run(ctx: &Ctx, size: &Size, etcd: &str) -> Result<Value> {
     // Idle: nothing changes; the gateway's threads should sleep.
     let cpu0 = threads_cpu("infera-gw");
     tokio::time::sleep(Duration::from_secs_f64(size.idle_seconds)).await;
-    let idle_pct = (threads_cpu("infera-gw") - cpu0).as_secs_f64() / size.idle_seconds * 100.0;
+    let idle_pct =
+        threads_cpu("infera-gw").saturating_sub(cpu0).as_secs_f64() / size.idle_seconds * 100.0;
     let _ = client.lease_revoke(lease).await;
     fleet.shutdown().await;
     let (w, b) = (size.index_workers, size.index_blocks_per_worker);

@@ -6,7 +6,7 @@ use super::local::LocalCluster;
 use anyhow::{Context, Result};
 use infera_operator::api::RoutingPolicy;
 use serde_json::{Value, json};
-use std::sync::atomic::Ordering;
+use std::collections::HashMap;
 
 const SYSTEM_A: &str = "You are the on-call assistant of a GPU inference platform. Answer in one short paragraph, cite the relevant runbook section, prefer commands the operator can paste, and say when a question needs a human. The platform runs vLLM, SGLang and ATOM engines on AMD MI355X nodes with AINIC RDMA networking.";
 const SYSTEM_B: &str = "You are a travel agent for a small company. Keep answers to three sentences, list prices in euros, and always mention the cancellation policy before confirming anything.";
@@ -36,16 +36,32 @@ const PROBES: [Probe; 4] = [
     },
 ];
 
-fn served_counts(cluster: &LocalCluster) -> Vec<u64> {
-    cluster
-        .workers
-        .iter()
-        .map(|w| {
-            w.sim.as_ref().map_or(0, |s| {
-                s.state.engine.counters.finished.load(Ordering::SeqCst)
-            })
-        })
-        .collect()
+/// The gateway's picks so far, `(role, worker) -> count`, from its `/metrics`.
+async fn picks(client: &reqwest::Client, base: &str) -> Result<HashMap<(String, String), u64>> {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .context("reading the gateway's metrics")?
+        .text()
+        .await?;
+    let mut out = HashMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("infera_router_picks_total{role=\"") else {
+            continue;
+        };
+        let Some((role, rest)) = rest.split_once("\",worker_id=\"") else {
+            continue;
+        };
+        let Some((worker, count)) = rest.split_once("\"} ") else {
+            continue;
+        };
+        out.insert(
+            (role.to_owned(), worker.to_owned()),
+            count.trim().parse().unwrap_or(0),
+        );
+    }
+    Ok(out)
 }
 
 /// Sends the probes for `model`; returns whether every one succeeded.
@@ -59,7 +75,7 @@ pub async fn run_check(
     let mut ok = true;
     println!("\nchecking: {} requests to {model}", PROBES.len());
     for (i, probe) in PROBES.iter().enumerate() {
-        let before = served_counts(cluster);
+        let before = picks(&client, &cluster.url()).await?;
         let (path, body) = if completions_only {
             (
                 "/v1/completions",
@@ -81,22 +97,15 @@ pub async fn run_check(
             .context("sending a check request to the gateway")?;
         let status = resp.status();
         let answer: Value = resp.json().await.unwrap_or(Value::Null);
-        // Prefill legs finish on their own task: give them a moment to be counted.
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        let after = served_counts(cluster);
-        let served: Vec<String> = cluster
-            .workers
+        // The gateway counts each pick when it makes it: the new ones are this request's.
+        let after = picks(&client, &cluster.url()).await?;
+        let mut served: Vec<String> = after
             .iter()
-            .zip(before.iter().zip(&after))
-            .filter(|(_, (b, a))| a > b)
-            .map(|(w, _)| {
-                format!(
-                    "{} ({})",
-                    w.record.as_ref().map_or("?", |r| r.worker_id.as_str()),
-                    w.role.as_str()
-                )
-            })
+            .filter(|(k, n)| before.get(*k).copied().unwrap_or(0) < **n)
+            .map(|((role, worker), _)| format!("{worker} ({role})"))
             .collect();
+        // Prefill before decode.
+        served.sort_by_key(|s| !s.ends_with("(prefill)"));
         println!("#{} {:?}", i + 1, probe.question);
         if !status.is_success() {
             ok = false;

@@ -11,7 +11,7 @@ use infera_gateway::registry::Registry;
 use infera_gateway::server::{RunningGateway, start_embedded, start_gateway};
 use infera_operator::api::{RoutingPolicy, SimFlavor};
 use infera_prompt::PromptCodec;
-use infera_proto::discovery::{DEFAULT_ETCD_PREFIX, LEASE_TTL, build_worker_key};
+use infera_proto::discovery::{LEASE_TTL, build_worker_key};
 use infera_proto::pd::PdProtocol;
 use infera_proto::worker::{EngineKind, WorkerRecord};
 use infera_sim::kv_events::KvEventsEndpoint;
@@ -23,6 +23,12 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
+
+/// The etcd prefix of this run's records: its own, so the local gateway routes only to
+/// the workers this `infera up` started (not a cluster's, not a previous run's).
+pub fn run_prefix() -> String {
+    format!("/infera-up/{}/workers/", std::process::id())
+}
 
 /// Where records go.
 #[derive(Debug, Clone)]
@@ -68,7 +74,7 @@ fn sim_engine(flavor: SimFlavor) -> EngineKind {
 }
 
 /// A free loopback port (bound then released).
-fn free_port() -> Result<u16> {
+pub fn free_port() -> Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
     Ok(l.local_addr()?.port())
 }
@@ -103,6 +109,27 @@ pub fn build_sim_record(
         .map_err(|e| anyhow!("building the record of {addr}: {e}"))
 }
 
+/// A loopback simulated worker's prefill/decode identity, with free connector ports.
+pub fn loopback_pd_role(
+    protocol: PdProtocol,
+    leg: PdLeg,
+    port: u16,
+    engine_id: String,
+) -> Result<PdRole> {
+    Ok(PdRole {
+        leg,
+        protocol,
+        host: "127.0.0.1".into(),
+        http_port: port,
+        handshake_port: free_port()?,
+        notify_port: free_port()?,
+        tp_size: 1,
+        dp_size: 1,
+        bootstrap_port: free_port()?,
+        engine_id,
+    })
+}
+
 fn pd_role(
     protocol: PdProtocol,
     role: Role,
@@ -115,18 +142,8 @@ fn pd_role(
         Role::Prefill => PdLeg::Prefill,
         Role::Decode => PdLeg::Decode,
     };
-    Ok(Some(PdRole {
-        leg,
-        protocol,
-        host: "127.0.0.1".into(),
-        http_port: port,
-        handshake_port: free_port()?,
-        notify_port: free_port()?,
-        tp_size: 1,
-        dp_size: 1,
-        bootstrap_port: free_port()?,
-        engine_id: format!("{name}-{}-{index}", role.as_str()),
-    }))
+    let engine_id = format!("{name}-{}-{index}", role.as_str());
+    loopback_pd_role(protocol, leg, port, engine_id).map(Some)
 }
 
 /// Starts one simulated worker of `d`.
@@ -200,6 +217,8 @@ fn launch_engine(d: &LocalDeployment, etcd: &str, port: u16) -> Result<tokio::pr
         engine.into(),
         "--etcd-endpoint".into(),
         etcd.into(),
+        "--etcd-prefix".into(),
+        run_prefix(),
         "--advertise-host".into(),
         "127.0.0.1".into(),
     ];
@@ -267,7 +286,12 @@ fn gateway_config(plan: &LocalPlan, host: &str, discovery: &Discovery) -> Result
         "2".into(),
     ];
     if let Discovery::Etcd(url) = discovery {
-        args.extend(["--etcd-endpoint".into(), url.clone()]);
+        args.extend([
+            "--etcd-endpoint".into(),
+            url.clone(),
+            "--etcd-prefix".into(),
+            run_prefix(),
+        ]);
     }
     GatewayConfig::try_parse_from(args).map_err(|e| anyhow!("gateway settings: {e}"))
 }
@@ -321,7 +345,7 @@ pub async fn start(plan: &LocalPlan, host: &str, discovery: Discovery) -> Result
                     Discovery::Etcd(url) => {
                         let reg = Registration {
                             endpoints: vec![url.clone()],
-                            key: build_worker_key(DEFAULT_ETCD_PREFIX, &record.worker_id),
+                            key: build_worker_key(&run_prefix(), &record.worker_id),
                             value: record.to_json(),
                             ttl: LEASE_TTL,
                         };
@@ -370,7 +394,7 @@ pub async fn start(plan: &LocalPlan, host: &str, discovery: Discovery) -> Result
                 .map_err(|e| anyhow!("{e}"))?
         }
     };
-    let cluster = LocalCluster {
+    let mut cluster = LocalCluster {
         gateway,
         workers,
         stop_registrations,
@@ -394,10 +418,19 @@ impl LocalDeployment {
 
 impl LocalCluster {
     /// Waits until the gateway has every worker in its routing tables.
-    async fn wait_routable(&self, total: usize, budget: Duration) -> Result<()> {
+    async fn wait_routable(&mut self, total: usize, budget: Duration) -> Result<()> {
         let deadline = Instant::now() + budget;
         let mut last = usize::MAX;
         loop {
+            for w in &mut self.workers {
+                if let Some(status) = w.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                    bail!(
+                        "the engine of deployment {} ({} worker) exited before it registered: {status} (its sidecar's log is above)",
+                        w.deployment,
+                        w.role.as_str()
+                    );
+                }
+            }
             let n = self.gateway.gateway.registry.snapshot().workers.len();
             if n >= total && self.gateway.gateway.registry.is_synced() {
                 return Ok(());

@@ -137,6 +137,14 @@ pub enum PlanError {
         /// Engine.
         engine: &'static str,
     },
+    /// A prefill/decode deployment of a real engine.
+    #[error(
+        "InferaDeployment {name}: launching prefill/decode workers of a real engine is not supported by infera up (role flags, connector ports and GPU split per worker are a cluster's job); run it with --sim here, or apply it to a cluster"
+    )]
+    DisaggregatedEngine {
+        /// Deployment.
+        name: String,
+    },
     /// Two deployments serve the same model name.
     #[error(
         "InferaDeployments {0} and {1} both serve model {2:?}; one gateway routes by model name"
@@ -203,6 +211,8 @@ pub fn plan(
                 engine: engine.as_str(),
                 probe: install_probe(engine),
             });
+        } else if protocol.is_some() {
+            return Err(PlanError::DisaggregatedEngine { name });
         } else if !opts.etcd {
             return Err(PlanError::NeedsEtcd {
                 name,

@@ -193,7 +193,7 @@ fn uuid_hyphenated(u: u128) -> String {
 /// Rewrites the room's low residue so `room % dp_size == prefill rank` (SGLang derives
 /// the prefill rank from the room; vLLM's `_dp<rank>` engine id too).
 pub fn align_room(room: u64, prefill: &Target) -> u64 {
-    match prefill.dp_rank {
+    match rank_of(prefill) {
         Some(rank) if prefill.record.dp_size > 1 => {
             let size = u64::from(prefill.record.dp_size);
             room - room % size + u64::from(rank) % size
@@ -333,9 +333,14 @@ fn remaining_tokens(body: &Map<String, Value>) -> Map<String, Value> {
     out
 }
 
+/// The data-parallel rank a target addresses: its routing rank, else the rank its
+/// record registered (a per-rank record).
+fn rank_of(target: &Target) -> Option<u32> {
+    target.dp_rank.or(target.record.dp_rank)
+}
+
 fn dp_header(target: &Target) -> Vec<(&'static str, String)> {
-    target
-        .dp_rank
+    rank_of(target)
         .map(|r| vec![(DP_RANK_HEADER, r.to_string())])
         .unwrap_or_default()
 }
@@ -531,7 +536,7 @@ pub fn build_decode_leg(
     };
     apply_retention(&mut out, d.engine, pair.retention);
     if pair.protocol == PdProtocol::SglangBootstrap
-        && let Some(rank) = pair.prefill.dp_rank
+        && let Some(rank) = rank_of(pair.prefill)
     {
         out.insert("disagg_prefill_dp_rank".into(), json!(rank));
     }

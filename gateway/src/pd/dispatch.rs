@@ -111,7 +111,7 @@ fn spawn_prefill(
             Ok(_) => gw.breakers.on_success(&worker),
             Err((reason, e)) => {
                 gw.metrics.record_pd_failure(reason);
-                if *reason != "prefill_rejected" {
+                if !matches!(*reason, "prefill_rejected" | "prefill_busy") {
                     gw.breakers.on_failure(&worker, Instant::now());
                 }
                 tracing::warn!(worker = %worker, reason, "{}", e.message);
@@ -184,6 +184,15 @@ async fn run_prefill(
             ));
         }
     };
+    if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+        return Err((
+            "prefill_busy",
+            ApiError::new(
+                ErrorClass::RateLimited,
+                format!("prefill worker {worker} is at its admission limit; retry shortly"),
+            ),
+        ));
+    }
     if status.is_client_error() {
         return Err((
             "prefill_rejected",
@@ -242,7 +251,12 @@ async fn open_decode(
                 }
                 Ok(Ok(response)) => {
                     let status = response.status();
-                    let body = response.bytes().await.unwrap_or_default();
+                    let idle = Duration::from_secs_f64(gw.cfg.stream_idle_timeout_s);
+                    let body = tokio::time::timeout(idle, response.bytes())
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                        .unwrap_or_default();
                     format!("answered {status}: {}", error_text(&body))
                 }
                 Ok(Err(e)) => format!("is unreachable: {}", crate::dispatch::root_cause(&e)),

@@ -1,5 +1,4 @@
 use super::*;
-use infera_proto::worker::EngineKind;
 use std::sync::Arc;
 
 fn fixture(protocol: PdProtocol) -> Value {
@@ -9,14 +8,6 @@ fn fixture(protocol: PdProtocol) -> Value {
         protocol.as_str()
     );
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn engine_of(protocol: PdProtocol) -> EngineKind {
-    match protocol {
-        PdProtocol::SglangBootstrap => EngineKind::Sglang,
-        PdProtocol::AtomMooncake => EngineKind::Atom,
-        _ => EngineKind::Vllm,
-    }
 }
 
 fn target(record: Value, dp_rank: Option<u32>) -> Target {
@@ -30,7 +21,7 @@ fn target(record: Value, dp_rank: Option<u32>) -> Target {
 
 /// The pair the fixture describes: prefill at 10.0.0.22, decode at 10.0.0.40.
 fn pair_targets(protocol: PdProtocol, fx: &Value) -> (Target, Target) {
-    let engine = engine_of(protocol).as_str();
+    let engine = protocol.engine().as_str();
     let sglang = protocol == PdProtocol::SglangBootstrap;
     let prefill = target(
         json!({
