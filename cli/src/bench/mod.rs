@@ -411,6 +411,24 @@ fn plot(id: &str, title: &str, result: &Value) -> String {
     )
 }
 
+/// Raises this process's open-file limit to its hard limit: a load ladder holds
+/// thousands of sockets (client and server sides are both in this process).
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write only the struct passed by pointer.
+    #[allow(unsafe_code)]
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
 /// Runs `infera bench`.
 pub async fn run(args: BenchArgs) -> Result<()> {
     let file: ScenarioFile =
@@ -427,6 +445,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             policy_flags(p)?;
         }
     }
+    raise_open_files_limit();
     let ctx = Ctx { seed: args.seed };
     eprintln!(
         "infera bench {} ({}), {size_name} size: {size}",
