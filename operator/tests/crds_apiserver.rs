@@ -349,10 +349,10 @@ async fn invalid_manifests_are_rejected_with_a_message_naming_the_field() {
             "spec.model.source.hostPath.path in body should match '^/'",
         ),
         (
-            "a Hugging Face id without an org",
+            "a Hugging Face id that is not org/name",
             with_spec(
                 BASE,
-                &["model: {name: m, source: {huggingFace: {id: llama}}}"],
+                &["model: {name: m, source: {huggingFace: {id: 'meta llama/3'}}}"],
             ),
             "spec.model.source.huggingFace.id in body should match",
         ),

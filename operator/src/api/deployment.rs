@@ -141,8 +141,8 @@ pub struct ModelSource {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HuggingFaceSource {
-    /// Repository id, `org/name`.
-    #[schemars(regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"))]
+    /// Repository id, `org/name` (or a legacy id without an org, such as `gpt2`).
+    #[schemars(regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$"))]
     pub id: String,
     /// Branch, tag or commit; default `main`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
