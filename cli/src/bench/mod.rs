@@ -5,6 +5,7 @@
 
 pub mod cpu;
 pub mod driver;
+pub mod external;
 pub mod fleet;
 pub mod report;
 pub mod s1;
@@ -57,6 +58,14 @@ pub struct BenchArgs {
     /// etcd client URL (S5 writes worker records there).
     #[arg(long, value_name = "URL")]
     pub etcd: Option<String>,
+    /// S2: run this router in place of Infera's gateway, on the same simulated fleet
+    /// (one run named `external`). `{port}` is replaced by the port to listen on,
+    /// `{metrics_port}` by another free port and `{workers}` by the simulators' URLs
+    /// (one argument each), e.g. "python -m sglang_router.launch_router --host
+    /// 127.0.0.1 --port {port} --prometheus-port {metrics_port} --worker-urls {workers}
+    /// --policy cache_aware".
+    #[arg(long, value_name = "COMMAND")]
+    pub router_cmd: Option<String>,
 }
 
 /// What every scenario runner gets.
@@ -64,6 +73,8 @@ pub struct BenchArgs {
 pub struct Ctx {
     /// Seed.
     pub seed: u64,
+    /// An external router to measure instead of the gateway (S2).
+    pub router_cmd: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -440,13 +451,21 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     } else {
         args.policies.clone()
     };
-    if matches!(args.scenario, Scenario::S2 | Scenario::S3) {
+    if matches!(args.scenario, Scenario::S2 | Scenario::S3) && args.router_cmd.is_none() {
         for p in &policies {
             policy_flags(p)?;
         }
     }
     raise_open_files_limit();
-    let ctx = Ctx { seed: args.seed };
+    let ctx = Ctx {
+        seed: args.seed,
+        router_cmd: args.router_cmd.clone(),
+    };
+    let policies = if ctx.router_cmd.is_some() {
+        vec!["external".to_owned()]
+    } else {
+        policies
+    };
     eprintln!(
         "infera bench {} ({}), {size_name} size: {size}",
         file.id, file.title

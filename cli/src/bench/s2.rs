@@ -3,6 +3,7 @@
 
 use super::cpu::threads_cpu;
 use super::driver::open_loop;
+use super::external::External;
 use super::fleet::{Fleet, MODEL, SimSpec};
 use super::stats::{quantile, spread, summary};
 use super::workload::{oracle_hit_ratio, shared_prefix};
@@ -48,7 +49,12 @@ pub async fn run(ctx: &Ctx, size: &Size, policies: &[String], profile: &str) -> 
     let mut runs = Vec::new();
     for &rate in &size.rates {
         for policy in policies {
-            let (flags, gateways, kv_events) = policy_flags(policy)?;
+            let external = policy == "external";
+            let (flags, gateways, kv_events) = if external {
+                (Vec::new(), 0, false)
+            } else {
+                policy_flags(policy)?
+            };
             let sims: Vec<SimSpec> = (0..size.workers)
                 .map(|_| SimSpec {
                     kv_blocks: size.kv_tokens_per_worker / 16,
@@ -60,7 +66,15 @@ pub async fn run(ctx: &Ctx, size: &Size, policies: &[String], profile: &str) -> 
                 })
                 .collect();
             let fleet = Fleet::start(&sims, gateways, &flags).await?;
-            let urls = fleet.gateway_urls("/v1/completions");
+            let router = match (&ctx.router_cmd, external) {
+                (Some(cmd), true) => Some(External::start(cmd, &fleet.sim_urls(""), MODEL).await?),
+                _ => None,
+            };
+            let urls = match &router {
+                Some(r) => vec![format!("{}/v1/completions", r.base)],
+                None => fleet.gateway_urls("/v1/completions"),
+            };
+            let router_cpu0 = router.as_ref().map(External::cpu);
             let (gw0, sim0, t0) = (
                 threads_cpu("infera-gw"),
                 threads_cpu("infera-sim"),
@@ -77,7 +91,13 @@ pub async fn run(ctx: &Ctx, size: &Size, policies: &[String], profile: &str) -> 
             )
             .await;
             let wall = t0.elapsed().as_secs_f64();
-            let gw_cpu = threads_cpu("infera-gw").saturating_sub(gw0).as_secs_f64();
+            let gw_cpu = match (&router, router_cpu0) {
+                (Some(r), Some(c0)) => r.cpu().saturating_sub(c0).as_secs_f64(),
+                _ => threads_cpu("infera-gw").saturating_sub(gw0).as_secs_f64(),
+            };
+            if let Some(r) = router {
+                r.stop().await;
+            }
             let sim_cpu = threads_cpu("infera-sim").saturating_sub(sim0).as_secs_f64();
             let served: Vec<f64> = fleet.served().into_iter().map(|n| n as f64).collect();
             fleet.shutdown().await;
