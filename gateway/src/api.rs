@@ -484,7 +484,19 @@ async fn forward_pd(
     let picked = pick(prefill, gw.cfg.kv_prefill_overlap_weight)
         .ok_or_else(|| no_worker("prefill"))
         .and_then(|p| {
-            pick(decode, gw.cfg.kv_decode_overlap_weight)
+            // Decode workers that speak the prefill's protocol (a fleet mid-migration
+            // may hold several); with none, the pick below names the mismatch.
+            let compatible: Vec<Target> = decode
+                .iter()
+                .filter(|d| resolve_protocol(&p.record, &d.record).is_ok())
+                .cloned()
+                .collect();
+            let pool = if compatible.is_empty() {
+                decode
+            } else {
+                &compatible[..]
+            };
+            pick(pool, gw.cfg.kv_decode_overlap_weight)
                 .map(|d| (p, d))
                 .ok_or_else(|| no_worker("decode"))
         })

@@ -326,6 +326,22 @@ async fn mismatched_protocols_and_chat_to_atom_get_clear_errors() {
         "{text}"
     );
     assert_eq!(served(&pair.prefill) + served(&pair.decode), 0);
+
+    // With a decode worker of the prefill's protocol around too, pairs are formed with it.
+    let prefix = unique_prefix();
+    let (_p, pr) = start_leg(PdProtocol::VllmMooncake, PdLeg::Prefill).await;
+    let (good, gr) = start_leg(PdProtocol::VllmMooncake, PdLeg::Decode).await;
+    let (other, or) = start_leg(PdProtocol::SglangBootstrap, PdLeg::Decode).await;
+    for r in [&pr, &gr, &or] {
+        register(&prefix, r, 30).await;
+    }
+    let gw = start_gw(&prefix, &[]).await;
+    wait_workers(&gw, 3).await;
+    for _ in 0..4 {
+        let (status, text) = post(&gw, "/v1/completions", &completion(false)).await;
+        assert_eq!(status, 200, "{text}");
+    }
+    assert_eq!((served(&good), served(&other)), (4, 0));
     assert!(
         metrics(&pair.gw)
             .await

@@ -111,7 +111,10 @@ fn spawn_prefill(
             Ok(_) => gw.breakers.on_success(&worker),
             Err((reason, e)) => {
                 gw.metrics.record_pd_failure(reason);
-                if !matches!(*reason, "prefill_rejected" | "prefill_busy") {
+                if matches!(*reason, "prefill_rejected" | "prefill_busy") {
+                    // An answer below 500: the worker is up (closes a half-open breaker).
+                    gw.breakers.on_success(&worker);
+                } else {
                     gw.breakers.on_failure(&worker, Instant::now());
                 }
                 tracing::warn!(worker = %worker, reason, "{}", e.message);
