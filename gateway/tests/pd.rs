@@ -101,6 +101,18 @@ async fn set_faults(sim: &RunningWorker, faults: FaultSettings) {
     assert_eq!(r.status(), 200);
 }
 
+/// Makes `sim` answer its next `n` generation requests with a 500.
+async fn fail_next(sim: &RunningWorker, n: u64) {
+    set_faults(
+        sim,
+        FaultSettings {
+            fail_next: n,
+            ..Default::default()
+        },
+    )
+    .await;
+}
+
 /// The `data:` payloads of an SSE body.
 fn sse_events(text: &str) -> Vec<&str> {
     text.lines()
@@ -186,14 +198,7 @@ async fn sglang_pairs_serve_chat_and_anthropic_messages() {
 async fn a_failing_prefill_fails_the_request_with_its_reason() {
     for protocol in [PdProtocol::VllmMooncake, PdProtocol::VllmMoriRead] {
         let pair = start_pair(protocol, protocol, &[]).await;
-        set_faults(
-            &pair.prefill,
-            FaultSettings {
-                fail_next: 1,
-                ..Default::default()
-            },
-        )
-        .await;
+        fail_next(&pair.prefill, 1).await;
         let (status, text) = post(&pair.gw, "/v1/completions", &completion(false)).await;
         assert_eq!(status, 502, "{protocol}: {text}");
         let err: Value = serde_json::from_str(&text).unwrap();
@@ -218,14 +223,7 @@ async fn a_failing_prefill_fails_the_request_with_its_reason() {
 async fn a_prefill_failing_under_a_stream_ends_it_with_an_error() {
     let protocol = PdProtocol::SglangBootstrap;
     let pair = start_pair(protocol, protocol, &[]).await;
-    set_faults(
-        &pair.prefill,
-        FaultSettings {
-            fail_next: 1,
-            ..Default::default()
-        },
-    )
-    .await;
+    fail_next(&pair.prefill, 1).await;
     let mut body = completion(true);
     body["max_tokens"] = json!(64);
     let (status, text) = post(&pair.gw, "/v1/completions", &body).await;
@@ -249,14 +247,7 @@ async fn a_prefill_failing_under_a_stream_ends_it_with_an_error() {
 async fn a_decode_failing_before_its_first_byte_is_retried() {
     for protocol in [PdProtocol::VllmMoriWrite, PdProtocol::AtomMooncake] {
         let pair = start_pair(protocol, protocol, &[]).await;
-        set_faults(
-            &pair.decode,
-            FaultSettings {
-                fail_next: 2,
-                ..Default::default()
-            },
-        )
-        .await;
+        fail_next(&pair.decode, 2).await;
         let (status, text) = post(&pair.gw, "/v1/completions", &completion(true)).await;
         assert_eq!(status, 200, "{protocol}: {text}");
         assert_eq!(
@@ -270,14 +261,7 @@ async fn a_decode_failing_before_its_first_byte_is_retried() {
             "{protocol}: {m}"
         );
         // Past the retries, the client hears which decode worker failed.
-        set_faults(
-            &pair.decode,
-            FaultSettings {
-                fail_next: 10,
-                ..Default::default()
-            },
-        )
-        .await;
+        fail_next(&pair.decode, 10).await;
         let (status, text) = post(&pair.gw, "/v1/completions", &completion(false)).await;
         assert_eq!(status, 502, "{protocol}: {text}");
         assert!(
