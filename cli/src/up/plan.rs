@@ -299,7 +299,7 @@ mod tests {
             (vec![Role::Mixed; 2], Launch::Simulated)
         );
         assert_eq!(p.gateway.policy, RoutingPolicy::KvAware);
-        assert_eq!(p.gateway.weights.0, 2.0);
+        assert_eq!(p.gateway.weights.0, 4.0);
         assert_eq!(p.gateway.port, 8000);
         let p = plan(
             &manifests(include_str!("../../../examples/local-1p1d/deployment.yaml")),

@@ -35,6 +35,7 @@ fn a_minimal_manifest_gets_the_documented_defaults() {
     assert_eq!(d.network.rdma.resource_name, "rdma/hca");
     assert_eq!(d.gateway.replicas, 1);
     assert_eq!(d.gateway.policy, RoutingPolicy::KvAware);
+    assert_eq!(d.gateway.kv_overlap_weight, 4.0);
     assert_eq!(d.gateway.kv_prefill_overlap_weight, 20.0);
     assert_eq!(d.gateway.service.type_, ServiceType::ClusterIP);
     assert_eq!(d.gateway.service.port, 8000);
