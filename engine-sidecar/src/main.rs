@@ -77,6 +77,7 @@ async fn start_engine(
             &args.sim_binary,
             new_kv_port,
             gid_index,
+            &|name| std::env::var_os(name).is_some(),
         );
         for note in &prepared.notes {
             tracing::info!("engine preparation: {note}");

@@ -18,16 +18,10 @@ pub struct PreparedEngine {
     pub notes: Vec<String>,
 }
 
-/// Builds the launch for `engine` with the user's `args`; `kv_events_port` is the free
-/// port chosen for KV events when they are on and the user gave no config.
-pub fn prepare_engine(
-    engine: EngineArg,
-    args: &[String],
-    sim_binary: &str,
-    kv_events_port: Option<u16>,
-    gid_index: Option<u32>,
-) -> PreparedEngine {
-    let (program, mut full): (String, Vec<String>) = match engine {
+/// The program that runs `engine` and the words before its flags (`vllm serve`,
+/// `python3 -m sglang.launch_server`, ...).
+pub fn launcher(engine: EngineArg, sim_binary: &str) -> (String, Vec<String>) {
+    match engine {
         EngineArg::Vllm => ("vllm".into(), vec!["serve".into()]),
         EngineArg::Sglang => (
             "python3".into(),
@@ -38,7 +32,29 @@ pub fn prepare_engine(
             vec!["-m".into(), "atom.entrypoints.openai_server".into()],
         ),
         EngineArg::Sim => (sim_binary.to_owned(), Vec::new()),
-    };
+    }
+}
+
+/// The engine's `--kv-cache-dtype` value for an FP8 KV cache (SGLang names the format).
+pub fn fp8_kv_cache_dtype(engine: EngineArg) -> &'static str {
+    match engine {
+        EngineArg::Sglang => "fp8_e4m3",
+        EngineArg::Vllm | EngineArg::Atom | EngineArg::Sim => "fp8",
+    }
+}
+
+/// Builds the launch for `engine` with the user's `args`; `kv_events_port` is the free
+/// port chosen for KV events when they are on and the user gave no config;
+/// `env_is_set` says which variables the user already set (they are left alone).
+pub fn prepare_engine(
+    engine: EngineArg,
+    args: &[String],
+    sim_binary: &str,
+    kv_events_port: Option<u16>,
+    gid_index: Option<u32>,
+    env_is_set: &dyn Fn(&str) -> bool,
+) -> PreparedEngine {
+    let (program, mut full) = launcher(engine, sim_binary);
     full.extend(args.iter().cloned());
     let mut notes = Vec::new();
     let mut add = |full: &mut Vec<String>, flag: &str, value: Option<String>, why: &str| {
@@ -64,7 +80,7 @@ pub fn prepare_engine(
         add(
             &mut full,
             "--kv-cache-dtype",
-            Some("fp8".into()),
+            Some(fp8_kv_cache_dtype(engine).into()),
             "fp8 KV cache, as the earlier launchers chose",
         );
     }
@@ -79,7 +95,7 @@ pub fn prepare_engine(
     let mut env = Vec::new();
     if let Some(gid) = gid_index {
         for name in ["MC_GID_INDEX", "NCCL_IB_GID_INDEX", "MORI_IB_GID_INDEX"] {
-            if std::env::var_os(name).is_none() {
+            if !env_is_set(name) {
                 env.push((name.to_owned(), gid.to_string()));
                 notes.push(format!("set {name}={gid} (RoCEv2 GID index)"));
             }
@@ -109,6 +125,7 @@ mod tests {
             "infera-sim",
             Some(5557),
             Some(3),
+            &|_| false,
         );
         assert_eq!(p.program, "vllm");
         assert_eq!(
@@ -134,6 +151,7 @@ mod tests {
             "x",
             None,
             None,
+            &|_| false,
         );
         assert_eq!(
             user.args,
@@ -144,10 +162,19 @@ mod tests {
 
     #[test]
     fn sglang_and_sim() {
-        let p = prepare_engine(EngineArg::Sglang, &args("--model-path /m"), "x", None, None);
+        let p = prepare_engine(
+            EngineArg::Sglang,
+            &args("--model-path /m"),
+            "x",
+            None,
+            None,
+            &|_| false,
+        );
         assert_eq!(
             p.args,
-            args("-m sglang.launch_server --model-path /m --kv-cache-dtype fp8 --enable-metrics")
+            args(
+                "-m sglang.launch_server --model-path /m --kv-cache-dtype fp8_e4m3 --enable-metrics"
+            )
         );
         let s = prepare_engine(
             EngineArg::Sim,
@@ -155,6 +182,7 @@ mod tests {
             "/bin/infera-sim",
             Some(7000),
             None,
+            &|_| false,
         );
         assert_eq!(s.program, "/bin/infera-sim");
         assert_eq!(s.args[..2], args("--port 9")[..]);

@@ -6,113 +6,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use infera_operator::api::crd::crds;
-use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+mod support;
+
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// kubectl built by `testenv/` at the kube-apiserver's version.
-fn kubectl_bin() -> PathBuf {
-    infera_testkit::binaries::locate(infera_testkit::binaries::Binary::Kubectl).unwrap()
-}
-
-/// Runs kubectl against the test apiserver; returns (success, stdout, stderr).
-fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-    let mut child = Command::new(kubectl_bin())
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("running {}: {e}", kubectl_bin().display()));
-    let mut input = child.stdin.take().unwrap();
-    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
-    drop(input);
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// Installs the CRDs (server-side apply, as `kubectl apply --server-side` would) and
-/// waits until the API server serves them.
-async fn install(client: &kube::Client) {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for (_, crd) in crds() {
-        let name = crd.metadata.name.clone().unwrap();
-        api.patch(
-            &name,
-            &PatchParams::apply("infera-test").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("installing {name}: {e}"));
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let got = api.get(&name).await.unwrap();
-            let established = got
-                .status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True");
-            if established {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{name} never became Established");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-}
-
-async fn namespace(client: &kube::Client) -> String {
-    let name = infera_testkit::unique_name("crd");
-    let ns: Namespace =
-        serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap();
-    name
-}
-
-async fn drop_namespace(client: &kube::Client, name: &str) {
-    let _ = Api::<Namespace>::all(client.clone())
-        .delete(name, &DeleteParams::default())
-        .await;
-}
-
-/// Applies `manifest` until the API server has published the types (discovery can lag
-/// the Established condition by a moment).
-fn apply_retrying(
-    kubeconfig: &Path,
-    args: &[&str],
-    manifest: Option<&str>,
-) -> (bool, String, String) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let out = kubectl(kubeconfig, args, manifest);
-        let unknown_kind = out.2.contains("no matches for kind")
-            || out.2.contains("the server doesn't have a resource type");
-        if !unknown_kind || Instant::now() > deadline {
-            return out;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
+use support::{apply_retrying, drop_namespace, install, kubectl, namespace, repo};
 
 #[tokio::test]
 async fn every_example_applies_and_scale_and_explain_work() {
@@ -357,9 +255,9 @@ async fn invalid_manifests_are_rejected_with_a_message_naming_the_field() {
             "spec.model.source.huggingFace.id in body should match",
         ),
         (
-            "etcd discovery without endpoints",
-            with_spec(BASE, &["discovery: {backend: etcd}"]),
-            "spec.discovery.etcd (with endpoints) is required when spec.discovery.backend is etcd",
+            "etcd settings with no endpoint",
+            with_spec(BASE, &["discovery: {backend: etcd, etcd: {endpoints: []}}"]),
+            "spec.discovery.etcd.endpoints: Invalid value",
         ),
         (
             "an etcd endpoint that is not a URL",
@@ -370,9 +268,12 @@ async fn invalid_manifests_are_rejected_with_a_message_naming_the_field() {
             "spec.discovery.etcd.endpoints[0] in body should match",
         ),
         (
-            "nats messaging without a URL",
-            with_spec(BASE, &["messaging: {backend: nats}"]),
-            "spec.messaging.natsUrl is required when spec.messaging.backend is nats",
+            "a NATS URL that is not nats://",
+            with_spec(
+                BASE,
+                &["messaging: {backend: nats, natsUrl: 'http://nats:4222'}"],
+            ),
+            "spec.messaging.natsUrl in body should match",
         ),
         (
             "kvd tiers with kvd off",

@@ -56,7 +56,8 @@ impl KubeApiServer {
             format!("--secure-port={port}"),
             "--bind-address=127.0.0.1".into(),
             "--advertise-address=127.0.0.1".into(),
-            "--service-cluster-ip-range=10.0.0.0/24".into(),
+            // A /16 as real clusters have: envtest's /24 holds 254 Services, fewer than S7 makes.
+            "--service-cluster-ip-range=10.0.0.0/16".into(),
             "--allow-privileged=true".into(),
             "--authorization-mode=RBAC".into(),
             "--disable-admission-plugins=ServiceAccount".into(),

@@ -13,6 +13,7 @@ pub mod s2;
 pub mod s3;
 pub mod s4;
 pub mod s5;
+pub mod s7;
 pub mod stats;
 pub mod workload;
 
@@ -36,6 +37,8 @@ pub enum Scenario {
     S4,
     /// Control plane scale (needs --etcd).
     S5,
+    /// Operator scale (needs --kubeconfig of a kube-apiserver with the CRDs installed).
+    S7,
 }
 
 /// `infera bench` flags.
@@ -58,6 +61,12 @@ pub struct BenchArgs {
     /// etcd client URL (S5 writes worker records there).
     #[arg(long, value_name = "URL")]
     pub etcd: Option<String>,
+    /// Admin kubeconfig of a kube-apiserver with Infera's CRDs installed (S7).
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The infera-operator binary (S7); default: next to this one.
+    #[arg(long, value_name = "PATH")]
+    pub operator_bin: Option<PathBuf>,
     /// S2: run this router in place of Infera's gateway, on the same simulated fleet
     /// (one run named `external`). `{port}` is replaced by the port to listen on,
     /// `{metrics_port}` by another free port and `{workers}` by the simulators' URLs
@@ -95,6 +104,7 @@ fn scenario_file(s: Scenario) -> &'static str {
         Scenario::S3 => include_str!("../../../bench/scenarios/s3.yaml"),
         Scenario::S4 => include_str!("../../../bench/scenarios/s4.yaml"),
         Scenario::S5 => include_str!("../../../bench/scenarios/s5.yaml"),
+        Scenario::S7 => include_str!("../../../bench/scenarios/s7.yaml"),
     }
 }
 
@@ -257,6 +267,30 @@ fn rows(id: &str, result: &Value) -> (Vec<&'static str>, Vec<Vec<String>>) {
                 })
                 .collect(),
         ),
+        "s7" => (
+            vec![
+                "deployments",
+                "seconds",
+                "reconciles/s",
+                "applied",
+                "operator RSS MiB",
+                "operator CPU s",
+                "apiserver CPU s",
+            ],
+            runs.iter()
+                .map(|r| {
+                    vec![
+                        r["deployments"].to_string(),
+                        num(&r["seconds"]),
+                        num(&r["reconciles_per_s"]),
+                        num(&r["objects_applied"]),
+                        num(&r["operator_peak_rss_mib"]),
+                        num(&r["operator_cpu_s"]),
+                        num(&r["apiserver_cpu_s"]),
+                    ]
+                })
+                .collect(),
+        ),
         "s5" => (
             vec![
                 "records",
@@ -365,6 +399,24 @@ fn plot(id: &str, title: &str, result: &Value) -> String {
             &format!("S4 {title}"),
             "input tokens",
             "goodput (share of requests in SLO)",
+            &series,
+        );
+    }
+    if id == "s7" {
+        let pts = runs
+            .iter()
+            .map(|r| {
+                (
+                    r["deployments"].as_f64().unwrap_or(0.0),
+                    r["seconds"].as_f64().unwrap_or(0.0),
+                )
+            })
+            .collect();
+        series.push(("time to reconcile all (s)".into(), pts));
+        return svg_plot(
+            &format!("S7 {title}"),
+            "InferaDeployments",
+            "seconds",
             &series,
         );
     }
@@ -499,6 +551,24 @@ pub async fn run(args: BenchArgs) -> Result<()> {
                 );
             };
             s5::run(&ctx, &serde_json::from_value(size.clone())?, etcd).await?
+        }
+        Scenario::S7 => {
+            let Some(kubeconfig) = args.kubeconfig.clone() else {
+                bail!(
+                    "s7 runs the operator against a real kube-apiserver: pass --kubeconfig PATH (`infera-testenv up --env-file F` starts one; `infera crds` and kubectl apply -f crds/ install the CRDs)"
+                );
+            };
+            let operator = match &args.operator_bin {
+                Some(p) => p.clone(),
+                None => std::env::current_exe()?.with_file_name("infera-operator"),
+            };
+            std::fs::create_dir_all(&args.out)?;
+            let target = s7::Target {
+                kubeconfig,
+                operator,
+                out: args.out.clone(),
+            };
+            s7::run(&ctx, &serde_json::from_value(size.clone())?, &target).await?
         }
     };
     let report = json!({

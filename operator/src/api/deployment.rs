@@ -465,13 +465,13 @@ pub enum DiscoveryBackend {
 /// Where gateways find workers.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self.backend != 'etcd' || has(self.etcd)").message("spec.discovery.etcd (with endpoints) is required when spec.discovery.backend is etcd"))]
 #[x_kube(validation = Rule::new("self.backend != 'kubernetes' || !has(self.etcd)").message("spec.discovery.etcd applies to backend: etcd only; remove it or set backend: etcd"))]
 pub struct DiscoverySpec {
     /// kubernetes (Pod annotations; the default) or etcd.
     #[serde(default)]
     pub backend: DiscoveryBackend,
-    /// etcd settings (backend: etcd).
+    /// etcd settings (backend: etcd); unset: the cluster etcd the chart installed (the
+    /// operator's --default-etcd-endpoints).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd: Option<EtcdSpec>,
 }
@@ -507,13 +507,13 @@ pub enum MessagingBackend {
 /// Message bus for KV events.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self.backend != 'nats' || has(self.natsUrl)").message("spec.messaging.natsUrl is required when spec.messaging.backend is nats"))]
 #[x_kube(validation = Rule::new("self.backend == 'nats' || !has(self.natsUrl)").message("spec.messaging.natsUrl applies to backend: nats only; remove it or set backend: nats"))]
 pub struct MessagingSpec {
     /// none (the default) or nats.
     #[serde(default)]
     pub backend: MessagingBackend,
-    /// NATS server URL, `nats://host:port`.
+    /// NATS server URL, `nats://host:port`; unset: the cluster NATS the chart installed
+    /// (the operator's --default-nats-url).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^(nats|tls)://[^/\s]+$"))]
     pub nats_url: Option<String>,

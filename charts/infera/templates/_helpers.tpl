@@ -1,0 +1,62 @@
+{{/* Names, labels and images shared by the templates. */}}
+
+{{/* <release>-infera, or the release name alone when it already says infera. */}}
+{{- define "infera.fullname" -}}
+{{- if contains "infera" .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-infera" .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "infera.operatorName" -}}
+{{- printf "%s-operator" (include "infera.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "infera.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "infera.operatorName" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "infera.labels" -}}
+app.kubernetes.io/part-of: infera
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "infera.tag" -}}
+{{- default .Chart.AppVersion .Values.image.tag -}}
+{{- end -}}
+
+{{/* infera.image: the image of part `.part`, unless `.override` is set. */}}
+{{- define "infera.image" -}}
+{{- if .override -}}
+{{- .override -}}
+{{- else -}}
+{{- printf "%s/infera-%s:%s" (trimSuffix "/" .root.Values.image.registry) .part (include "infera.tag" .root) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "infera.etcdName" -}}
+{{- printf "%s-etcd" (include "infera.fullname" .) -}}
+{{- end -}}
+
+{{- define "infera.natsName" -}}
+{{- printf "%s-nats" (include "infera.fullname" .) -}}
+{{- end -}}
+
+{{/* Client URLs of the chart's etcd members. */}}
+{{- define "infera.etcdEndpoints" -}}
+{{- $name := include "infera.etcdName" . -}}
+{{- $ns := .Release.Namespace -}}
+{{- $urls := list -}}
+{{- range $i := until (int .Values.etcd.replicas) -}}
+{{- $urls = append $urls (printf "http://%s-%d.%s-peers.%s.svc:2379" $name $i $name $ns) -}}
+{{- end -}}
+{{- join "," $urls -}}
+{{- end -}}

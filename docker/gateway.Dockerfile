@@ -1,0 +1,31 @@
+# syntax=docker/dockerfile:1
+# Infera gateway image (infera-gateway).
+# Build context is the repository root (BuildKit, the default builder since Docker 23):
+#   docker build -f docker/gateway.Dockerfile -t infera-gateway:dev .
+
+FROM rust:1.95-bookworm AS builder
+# protoc: etcd-client's build script compiles the etcd protobufs.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends 'protobuf-compiler=3.21.*' \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+# The registry and target folders are BuildKit caches, kept between builds and absent
+# from the image, so the binary is copied out in the same step.
+RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
+    --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
+    --mount=type=cache,target=/src/target,sharing=locked \
+    cargo build --release --locked -p infera-gateway --bin infera-gateway \
+    && cp target/release/infera-gateway /usr/local/bin/infera-gateway
+
+# glibc and libgcc, no shell, no package manager.
+FROM gcr.io/distroless/cc-debian12:nonroot
+LABEL org.opencontainers.image.source="https://github.com/infera/infera" \
+      org.opencontainers.image.title="infera-gateway" \
+      org.opencontainers.image.description="Infera gateway: the OpenAI and Anthropic APIs over discovered engine workers" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=builder /usr/local/bin/infera-gateway /usr/local/bin/infera-gateway
+USER 65532:65532
+# The APIs, /health and /metrics, on --port (INFERA_PORT).
+EXPOSE 8000
+ENTRYPOINT ["/usr/local/bin/infera-gateway"]

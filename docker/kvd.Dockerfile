@@ -1,0 +1,30 @@
+# syntax=docker/dockerfile:1
+# Infera kvd image (infera-kvd).
+# The infera-kvd crate is being written; this file builds once it is in the workspace.
+# Build context is the repository root (BuildKit, the default builder since Docker 23):
+#   docker build -f docker/kvd.Dockerfile -t infera-kvd:dev .
+
+FROM rust:1.95-bookworm AS builder
+# protoc: etcd-client's build script compiles the etcd protobufs.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends 'protobuf-compiler=3.21.*' \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+# The registry and target folders are BuildKit caches, kept between builds and absent
+# from the image, so the binary is copied out in the same step.
+RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
+    --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
+    --mount=type=cache,target=/src/target,sharing=locked \
+    cargo build --release --locked -p infera-kvd --bin infera-kvd \
+    && cp target/release/infera-kvd /usr/local/bin/infera-kvd
+
+# glibc and libgcc, no shell, no package manager.
+FROM gcr.io/distroless/cc-debian12:nonroot
+LABEL org.opencontainers.image.source="https://github.com/infera/infera" \
+      org.opencontainers.image.title="infera-kvd" \
+      org.opencontainers.image.description="Infera kvd: the tiered KV-cache daemon (RAM, NVMe, a distributed store) beside the engines" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=builder /usr/local/bin/infera-kvd /usr/local/bin/infera-kvd
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/infera-kvd"]

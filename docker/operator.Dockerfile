@@ -1,0 +1,31 @@
+# syntax=docker/dockerfile:1
+# Infera operator image (infera-operator).
+# Build context is the repository root (BuildKit, the default builder since Docker 23):
+#   docker build -f docker/operator.Dockerfile -t infera-operator:dev .
+
+FROM rust:1.95-bookworm AS builder
+# protoc: etcd-client's build script compiles the etcd protobufs.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends 'protobuf-compiler=3.21.*' \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+# The registry and target folders are BuildKit caches, kept between builds and absent
+# from the image, so the binary is copied out in the same step.
+RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
+    --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
+    --mount=type=cache,target=/src/target,sharing=locked \
+    cargo build --release --locked -p infera-operator --bin infera-operator \
+    && cp target/release/infera-operator /usr/local/bin/infera-operator
+
+# glibc and libgcc, no shell, no package manager.
+FROM gcr.io/distroless/cc-debian12:nonroot
+LABEL org.opencontainers.image.source="https://github.com/infera/infera" \
+      org.opencontainers.image.title="infera-operator" \
+      org.opencontainers.image.description="Infera operator: reconciles InferaDeployment and PDTopology resources into engine workers and gateways" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=builder /usr/local/bin/infera-operator /usr/local/bin/infera-operator
+USER 65532:65532
+# Health and metrics.
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/infera-operator"]

@@ -1,0 +1,545 @@
+//! The controller: observe -> validate and build ([`crate::render`], pure) -> apply
+//! (server-side apply, [`apply`]) -> prune -> status ([`status`], pure; one patch, only
+//! when it changed). Watches the deployments, their owned children and the
+//! `PDTopology` objects they reference.
+
+pub mod apply;
+pub mod observe;
+pub mod status;
+pub mod topology_status;
+
+use crate::api::{InferaDeployment, PDTopology, ServingMode};
+use crate::metrics::Metrics;
+use crate::render::names::{self, MANAGED_BY};
+use crate::render::{Kind, Observed, Platform, Rendered, render};
+use apply::{Applied, ApplyError, apply_child, prune};
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use observe::model_state;
+use status::{ModelState, Observation, RoleObservation, compute_status};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a LeaderWorkerSet CRD check is trusted when no deployment needs one.
+const LWS_RECHECK: Duration = Duration::from_secs(30);
+
+/// Operator settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Images, and the cluster's own etcd and NATS.
+    pub platform: Platform,
+    /// Only this namespace (None: all).
+    pub namespace: Option<String>,
+    /// Deployments reconciled at once.
+    pub concurrency: u16,
+    /// This replica's name in Events.
+    pub instance: String,
+}
+
+/// Shared state of reconciles.
+pub struct Context {
+    client: Client,
+    settings: Settings,
+    recorder: Recorder,
+    metrics: Arc<Metrics>,
+    /// What each deployment (by uid) was last pruned against: a prune is only needed
+    /// when the rendered set changes (or after a restart).
+    pruned: Mutex<HashMap<String, BTreeSet<(Kind, String)>>>,
+    /// Whether the LeaderWorkerSet CRD was served, and when that was checked.
+    lws: Mutex<Option<(Instant, bool)>>,
+    /// Every deployment the controller sees (for topologies' `usedBy`).
+    deployments: Store<InferaDeployment>,
+}
+
+/// A failed reconcile (retried with backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// An API call failed.
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+    /// Reading something failed.
+    #[error("{0}: {1}")]
+    Read(&'static str, #[source] kube::Error),
+}
+
+fn count(object: &DynamicObject, field: &str) -> i32 {
+    object
+        .data
+        .get("status")
+        .and_then(|s| s.get(field))
+        .and_then(serde_json::Value::as_i64)
+        .and_then(|v| i32::try_from(v).ok())
+        .unwrap_or(0)
+}
+
+fn problem_event(reason: &str, message: &str) -> Event {
+    Event {
+        type_: EventType::Warning,
+        reason: reason.into(),
+        note: Some(message.chars().take(1000).collect()),
+        action: "Reconcile".into(),
+        secondary: None,
+    }
+}
+
+impl Context {
+    /// A context for `client`.
+    pub fn new(
+        client: Client,
+        settings: Settings,
+        metrics: Arc<Metrics>,
+        deployments: Store<InferaDeployment>,
+    ) -> Arc<Self> {
+        let reporter = Reporter {
+            controller: MANAGED_BY.into(),
+            instance: Some(settings.instance.clone()),
+        };
+        Arc::new(Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            settings,
+            metrics,
+            pruned: Mutex::new(HashMap::new()),
+            lws: Mutex::new(None),
+            deployments,
+        })
+    }
+
+    /// Whether the API server serves LeaderWorkerSets: asked afresh when `fresh` (a
+    /// deployment needs one), else remembered for [`LWS_RECHECK`].
+    async fn lws_installed(&self, fresh: bool) -> bool {
+        let cached = self.lws.lock().ok().and_then(|c| *c);
+        if let Some((at, installed)) = cached
+            && !fresh
+            && at.elapsed() < LWS_RECHECK
+        {
+            return installed;
+        }
+        let installed = observe::lws_installed(&self.client).await;
+        if let Ok(mut c) = self.lws.lock() {
+            *c = Some((Instant::now(), installed));
+        }
+        installed
+    }
+
+    async fn publish(&self, idep: &InferaDeployment, event: Event) {
+        if let Err(e) = self.recorder.publish(&event, &idep.object_ref(&())).await {
+            tracing::warn!("publishing event {}: {e}", event.reason);
+        }
+    }
+}
+
+async fn topology_of(
+    ctx: &Context,
+    idep: &InferaDeployment,
+    namespace: &str,
+) -> Result<Option<PDTopology>, ReconcileError> {
+    let Some(name) = idep
+        .spec
+        .serving
+        .topology_ref
+        .as_deref()
+        .filter(|_| idep.spec.serving.mode == ServingMode::Disaggregated)
+    else {
+        return Ok(None);
+    };
+    Api::<PDTopology>::namespaced(ctx.client.clone(), namespace)
+        .get_opt(name)
+        .await
+        .map_err(|e| ReconcileError::Read("reading the PDTopology", e))
+}
+
+/// Applies the build; returns the applied objects, or the Degraded reason when a
+/// LeaderWorkerSet is needed and its CRD is missing (everything else is applied).
+async fn apply_all(
+    ctx: &Context,
+    namespace: &str,
+    rendered: &Rendered,
+) -> Result<(Vec<Applied>, Option<(String, String)>), ReconcileError> {
+    let needs_lws = rendered
+        .children
+        .iter()
+        .any(|c| c.kind == Kind::LeaderWorkerSet);
+    let lws = !needs_lws || ctx.lws_installed(true).await;
+    let mut applied = Vec::new();
+    for child in &rendered.children {
+        if child.kind == Kind::LeaderWorkerSet && !lws {
+            continue;
+        }
+        if let Some(a) = apply_child(&ctx.client, namespace, child).await? {
+            applied.push(a);
+        }
+    }
+    ctx.metrics
+        .applies
+        .fetch_add(applied.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    let problem = (!lws).then(|| {
+        (
+            "LeaderWorkerSetMissing".to_owned(),
+            "a worker spans nodes (nodesPerWorker > 1), which needs the LeaderWorkerSet CRD (leaderworkerset.x-k8s.io/v1); install LWS (https://lws.sigs.k8s.io) and the operator renders the workers".to_owned(),
+        )
+    });
+    Ok((applied, problem))
+}
+
+async fn prune_if_changed(
+    ctx: &Context,
+    idep: &InferaDeployment,
+    namespace: &str,
+    rendered: &Rendered,
+    lws: bool,
+) -> Result<(), ReconcileError> {
+    let uid = idep.uid().unwrap_or_default();
+    let keep: BTreeSet<(Kind, String)> = rendered
+        .children
+        .iter()
+        .map(|c| (c.kind, c.name.clone()))
+        .collect();
+    let unchanged = ctx
+        .pruned
+        .lock()
+        .map(|m| m.get(&uid) == Some(&keep))
+        .unwrap_or(false);
+    if unchanged {
+        return Ok(());
+    }
+    // A LeaderWorkerSet left from a multi-node shape is pruned whenever the CRD is served.
+    let lws = lws && ctx.lws_installed(false).await;
+    let kinds: Vec<Kind> = Kind::ALL
+        .iter()
+        .copied()
+        .filter(|k| *k != Kind::LeaderWorkerSet || lws)
+        .collect();
+    let deleted = prune(
+        &ctx.client,
+        namespace,
+        &idep.name_any(),
+        &uid,
+        &kinds,
+        &keep,
+    )
+    .await?;
+    if !deleted.is_empty() {
+        let list = deleted
+            .iter()
+            .map(|(kind, name)| format!("{kind:?} {name}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        tracing::info!(deployment = %idep.name_any(), "deleted what is no longer part of the deployment: {list}");
+        // One event per prune: the recorder folds events of one reason into a series.
+        ctx.publish(
+            idep,
+            Event {
+                type_: EventType::Normal,
+                reason: "Pruned".into(),
+                note: Some(format!("deleted, no longer part of the deployment: {list}")),
+                action: "Prune".into(),
+                secondary: None,
+            },
+        )
+        .await;
+    }
+    if let Ok(mut m) = ctx.pruned.lock() {
+        m.insert(uid, keep);
+    }
+    Ok(())
+}
+
+fn observe_roles(rendered: &Rendered, applied: &[Applied]) -> Vec<RoleObservation> {
+    rendered
+        .roles
+        .iter()
+        .map(|r| {
+            let object = applied
+                .iter()
+                .find(|a| a.kind == r.kind && a.name == r.name);
+            RoleObservation {
+                role: r.role,
+                desired: r.desired,
+                current: object.map(|o| count(&o.object, "replicas")).unwrap_or(0),
+                ready: object
+                    .map(|o| count(&o.object, "readyReplicas"))
+                    .unwrap_or(0),
+                per_unit: rendered
+                    .unit
+                    .iter()
+                    .find(|(role, _)| *role == r.role)
+                    .map(|(_, n)| *n)
+                    .unwrap_or(1),
+            }
+        })
+        .collect()
+}
+
+fn now() -> Time {
+    let ts = k8s_openapi::jiff::Timestamp::now();
+    Time(k8s_openapi::jiff::Timestamp::from_second(ts.as_second()).unwrap_or(ts))
+}
+
+async fn write_status(
+    ctx: &Context,
+    idep: &InferaDeployment,
+    namespace: &str,
+    obs: &Observation,
+) -> Result<(), ReconcileError> {
+    let new = compute_status(idep.status.as_ref(), obs, &now());
+    if idep.status.as_ref() == Some(&new) {
+        return Ok(());
+    }
+    let previous_ready = idep
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.status.clone());
+    let api = Api::<InferaDeployment>::namespaced(ctx.client.clone(), namespace);
+    let patch = serde_json::json!({
+        "apiVersion": "infera.amd.com/v1alpha1",
+        "kind": "InferaDeployment",
+        "status": new,
+    });
+    api.patch_status(
+        &idep.name_any(),
+        &PatchParams::apply(names::FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(|e| ReconcileError::Read("writing status", e))?;
+    let ready = new.conditions.iter().find(|c| c.type_ == "Ready");
+    if let Some(ready) =
+        ready.filter(|c| Some(&c.status) != previous_ready.as_ref() && c.status == "True")
+    {
+        ctx.publish(
+            idep,
+            Event {
+                type_: EventType::Normal,
+                reason: "Ready".into(),
+                note: Some(ready.message.clone()),
+                action: "Reconcile".into(),
+                secondary: None,
+            },
+        )
+        .await;
+    }
+    Ok(())
+}
+
+async fn reconcile(
+    idep: Arc<InferaDeployment>,
+    ctx: Arc<Context>,
+) -> Result<Action, ReconcileError> {
+    let started = Instant::now();
+    let result = reconcile_inner(&idep, &ctx).await;
+    ctx.metrics
+        .observe_reconcile(started.elapsed(), result.is_ok());
+    result
+}
+
+/// Writes the topology's `usedBy` and `Valid` condition when they changed.
+async fn write_topology_status(
+    ctx: &Context,
+    topology: &PDTopology,
+    namespace: &str,
+) -> Result<(), ReconcileError> {
+    let deployments = ctx.deployments.state();
+    let new =
+        topology_status::topology_status(topology, deployments.iter().map(|d| d.as_ref()), &now());
+    if topology.status.as_ref() == Some(&new) {
+        return Ok(());
+    }
+    let patch = serde_json::json!({
+        "apiVersion": "infera.amd.com/v1alpha1",
+        "kind": "PDTopology",
+        "status": new,
+    });
+    Api::<PDTopology>::namespaced(ctx.client.clone(), namespace)
+        .patch_status(
+            &topology.name_any(),
+            &PatchParams::apply(names::FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(|e| ReconcileError::Read("writing the PDTopology status", e))?;
+    Ok(())
+}
+
+async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Action, ReconcileError> {
+    if idep.meta().deletion_timestamp.is_some() {
+        // Owner references garbage-collect the children.
+        return Ok(Action::await_change());
+    }
+    let namespace = idep.namespace().unwrap_or_default();
+    let name = idep.name_any();
+    let topology = topology_of(ctx, idep, &namespace).await?;
+    if let Some(t) = &topology {
+        write_topology_status(ctx, t, &namespace).await?;
+    }
+    let model = model_state(&ctx.client, idep, &namespace).await?;
+    let observed = Observed {
+        topology: topology.as_ref(),
+        model_ready: !matches!(model, ModelState::Downloading | ModelState::Failed(_)),
+    };
+    let selector = names::engine_selector_string(&name);
+    let rendered = match render(idep, observed, &ctx.settings.platform) {
+        Ok(r) => r,
+        Err(e) => {
+            let (reason, message) = (e.reason().to_owned(), e.to_string());
+            tracing::warn!(deployment = %name, namespace = %namespace, "{reason}: {message}");
+            if !idep.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Degraded" && c.reason == reason && c.message == message)
+            }) {
+                ctx.publish(idep, problem_event(&reason, &message)).await;
+            }
+            let obs = Observation {
+                generation: idep.metadata.generation,
+                roles: None,
+                gateway: (0, 0),
+                model,
+                problem: Some((reason, message)),
+                selector,
+                endpoint: None,
+            };
+            write_status(ctx, idep, &namespace, &obs).await?;
+            return Ok(Action::requeue(Duration::from_secs(300)));
+        }
+    };
+    let (applied, problem) = apply_all(ctx, &namespace, &rendered).await?;
+    prune_if_changed(ctx, idep, &namespace, &rendered, problem.is_none()).await?;
+    if let Some((reason, message)) = &problem
+        && !idep.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Degraded" && &c.reason == reason)
+        })
+    {
+        ctx.publish(idep, problem_event(reason, message)).await;
+    }
+    let gateway = applied
+        .iter()
+        .find(|a| a.kind == Kind::Deployment && a.name == rendered.gateway)
+        .map(|a| {
+            (
+                idep.spec.gateway.replicas,
+                count(&a.object, "readyReplicas"),
+            )
+        })
+        .unwrap_or((idep.spec.gateway.replicas, 0));
+    let lws_missing = problem.is_some();
+    let obs = Observation {
+        generation: idep.metadata.generation,
+        roles: Some(observe_roles(&rendered, &applied)),
+        gateway,
+        model,
+        problem,
+        selector,
+        endpoint: Some(rendered.gateway_endpoint.clone()),
+    };
+    write_status(ctx, idep, &namespace, &obs).await?;
+    // Owned children wake the controller on change; a missing CRD may be installed.
+    Ok(Action::requeue(if lws_missing {
+        Duration::from_secs(30)
+    } else {
+        Duration::from_secs(600)
+    }))
+}
+
+fn error_policy(idep: Arc<InferaDeployment>, error: &ReconcileError, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(deployment = %idep.name_any(), namespace = ?idep.namespace(), "reconcile failed: {error}");
+    Action::requeue(Duration::from_secs(5))
+}
+
+fn api_for<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Runs the controller until `shutdown` resolves.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let ns = settings.namespace.clone();
+    let owned =
+        watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={MANAGED_BY}"));
+    let lws = observe::lws_installed(&client).await;
+    let controller = Controller::new(
+        api_for::<InferaDeployment>(&client, ns.as_deref()),
+        watcher::Config::default(),
+    )
+    .with_config(ControllerConfig::default().concurrency(settings.concurrency));
+    let store = controller.store();
+    let ctx = Context::new(
+        client.clone(),
+        settings.clone(),
+        metrics.clone(),
+        store.clone(),
+    );
+    let mut controller = controller
+        .owns(
+            api_for::<StatefulSet>(&client, ns.as_deref()),
+            owned.clone(),
+        )
+        .owns(api_for::<Deployment>(&client, ns.as_deref()), owned.clone())
+        .owns(api_for::<Job>(&client, ns.as_deref()), owned.clone())
+        .owns(api_for::<Service>(&client, ns.as_deref()), owned.clone())
+        .watches(
+            api_for::<PDTopology>(&client, ns.as_deref()),
+            watcher::Config::default(),
+            move |topology| {
+                let (tname, tns) = (topology.name_any(), topology.namespace());
+                store
+                    .state()
+                    .into_iter()
+                    .filter(|d| {
+                        d.namespace() == tns
+                            && d.spec.serving.topology_ref.as_deref() == Some(tname.as_str())
+                    })
+                    .map(|d| ObjectRef::from_obj(&*d))
+                    .collect::<Vec<_>>()
+            },
+        );
+    if lws {
+        let ar = Kind::LeaderWorkerSet.api_resource();
+        let api: Api<DynamicObject> = match ns.as_deref() {
+            Some(n) => Api::namespaced_with(client.clone(), n, &ar),
+            None => Api::all_with(client.clone(), &ar),
+        };
+        controller = controller.owns_with(api, ar, owned.clone());
+    } else {
+        tracing::info!(
+            "the LeaderWorkerSet CRD is not installed: multi-node workers are reported as Degraded until it is"
+        );
+    }
+    tracing::info!(namespace = ?ns, concurrency = settings.concurrency, "controller started");
+    controller
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!("controller: {e}");
+            }
+        })
+        .await;
+    tracing::info!("controller stopped");
+}

@@ -1,0 +1,225 @@
+//! Status (pure): what the children report becomes `observedGeneration`, the `Ready`,
+//! `Progressing` and `Degraded` conditions, per-role counts and the `/scale` replicas.
+
+use crate::api::{InferaDeploymentStatus, RoleStatus};
+use crate::render::names::Role;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+/// One role as observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoleObservation {
+    /// The role.
+    pub role: Role,
+    /// Workers the spec wants.
+    pub desired: i32,
+    /// Workers that exist (the workload's `status.replicas`).
+    pub current: i32,
+    /// Workers ready.
+    pub ready: i32,
+    /// Workers of this role per topology unit (mixed: 1).
+    pub per_unit: u32,
+}
+
+/// The model download.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelState {
+    /// No download (PVC or host path).
+    NotNeeded,
+    /// The Job runs.
+    Downloading,
+    /// The Job gave up.
+    Failed(String),
+    /// The Job succeeded.
+    Ready,
+}
+
+/// Everything status is computed from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observation {
+    /// `metadata.generation`.
+    pub generation: Option<i64>,
+    /// Roles, when the build succeeded.
+    pub roles: Option<Vec<RoleObservation>>,
+    /// Gateway replicas wanted and ready.
+    pub gateway: (i32, i32),
+    /// The model download.
+    pub model: ModelState,
+    /// Why the deployment cannot be (fully) built: reason and message.
+    pub problem: Option<(String, String)>,
+    /// `status.selector`.
+    pub selector: String,
+    /// `status.gatewayEndpoint`.
+    pub endpoint: Option<String>,
+}
+
+fn condition(
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: &Time,
+    previous: &[Condition],
+) -> Condition {
+    let status = if ok { "True" } else { "False" };
+    let since = previous
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| now.clone());
+    Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message,
+        observed_generation: generation,
+        last_transition_time: since,
+    }
+}
+
+fn units(roles: &[RoleObservation], count: impl Fn(&RoleObservation) -> i32) -> i32 {
+    roles
+        .iter()
+        .map(|r| count(r) / i32::try_from(r.per_unit.max(1)).unwrap_or(1))
+        .min()
+        .unwrap_or(0)
+}
+
+fn summary(roles: &[RoleObservation]) -> String {
+    roles
+        .iter()
+        .map(|r| format!("{} {}/{} ready", r.role.as_str(), r.ready, r.desired))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The new status. Conditions keep their `lastTransitionTime` while their status holds;
+/// when the build failed, the counts of `previous` stay (the fleet keeps running).
+pub fn compute_status(
+    previous: Option<&InferaDeploymentStatus>,
+    obs: &Observation,
+    now: &Time,
+) -> InferaDeploymentStatus {
+    let prev = previous.cloned().unwrap_or_default();
+    let generation = obs.generation;
+    let cond = |type_: &str, ok: bool, reason: &str, message: String| {
+        condition(
+            type_,
+            ok,
+            reason,
+            message,
+            generation,
+            now,
+            &prev.conditions,
+        )
+    };
+    let (replicas, ready_replicas, roles_status, roles_ready, progress) = match &obs.roles {
+        Some(roles) => {
+            let all_ready = roles
+                .iter()
+                .all(|r| r.ready >= r.desired && r.current == r.desired);
+            (
+                units(roles, |r| r.current),
+                units(roles, |r| r.ready),
+                roles
+                    .iter()
+                    .map(|r| RoleStatus {
+                        role: r.role.as_str().into(),
+                        replicas: r.desired,
+                        ready_replicas: r.ready,
+                    })
+                    .collect(),
+                all_ready,
+                summary(roles),
+            )
+        }
+        None => (
+            prev.replicas,
+            prev.ready_replicas,
+            prev.roles.clone(),
+            false,
+            String::new(),
+        ),
+    };
+    let (gw_desired, gw_ready) = obs.gateway;
+    let gateway_ok = gw_desired == 0 || gw_ready >= 1;
+    let workers_wanted = obs
+        .roles
+        .as_ref()
+        .is_some_and(|r| r.iter().any(|r| r.desired > 0));
+    let ready = match (&obs.roles, &obs.model) {
+        (None, _) => cond(
+            "Ready",
+            prev_ready(&prev),
+            "BuildFailed",
+            "the last good build keeps serving; see Degraded".into(),
+        ),
+        (_, ModelState::Downloading) => cond(
+            "Ready",
+            false,
+            "ModelDownloading",
+            "workers start when the model download Job succeeds".into(),
+        ),
+        (_, ModelState::Failed(m)) => cond("Ready", false, "ModelDownloadFailed", m.clone()),
+        _ if !workers_wanted => cond("Ready", false, "ScaledToZero", "spec.replicas is 0".into()),
+        _ if !roles_ready => cond("Ready", false, "WorkersNotReady", progress.clone()),
+        _ if !gateway_ok => cond(
+            "Ready",
+            false,
+            "GatewayNotReady",
+            format!("0 of {gw_desired} gateway pods ready"),
+        ),
+        _ => cond(
+            "Ready",
+            true,
+            "AllReady",
+            format!("{progress}; {gw_ready}/{gw_desired} gateways ready"),
+        ),
+    };
+    let progressing = match (&obs.problem, &obs.model) {
+        (Some((reason, message)), _) if obs.roles.is_none() => {
+            cond("Progressing", false, reason, message.clone())
+        }
+        (_, ModelState::Downloading) => cond(
+            "Progressing",
+            true,
+            "ModelDownloading",
+            "the model download Job runs".into(),
+        ),
+        _ if !roles_ready || gw_ready < gw_desired => cond(
+            "Progressing",
+            true,
+            "RollingOut",
+            format!("{progress}; {gw_ready}/{gw_desired} gateways ready"),
+        ),
+        _ => cond(
+            "Progressing",
+            false,
+            "Complete",
+            "every worker and gateway is ready".into(),
+        ),
+    };
+    let degraded = match (&obs.problem, &obs.model) {
+        (Some((reason, message)), _) => cond("Degraded", true, reason, message.clone()),
+        (None, ModelState::Failed(m)) => cond("Degraded", true, "ModelDownloadFailed", m.clone()),
+        _ => cond("Degraded", false, "AsExpected", String::new()),
+    };
+    InferaDeploymentStatus {
+        observed_generation: generation,
+        conditions: vec![ready, progressing, degraded],
+        replicas,
+        ready_replicas,
+        selector: Some(obs.selector.clone()),
+        roles: roles_status,
+        gateway_endpoint: obs.endpoint.clone().or(prev.gateway_endpoint),
+    }
+}
+
+fn prev_ready(prev: &InferaDeploymentStatus) -> bool {
+    prev.conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+#[cfg(test)]
+mod tests;

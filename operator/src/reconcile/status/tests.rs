@@ -1,0 +1,111 @@
+use super::*;
+use k8s_openapi::jiff::Timestamp;
+
+fn t(secs: i64) -> Time {
+    Time(Timestamp::from_second(secs).unwrap())
+}
+
+fn role(role: Role, desired: i32, current: i32, ready: i32, per_unit: u32) -> RoleObservation {
+    RoleObservation {
+        role,
+        desired,
+        current,
+        ready,
+        per_unit,
+    }
+}
+
+fn obs(roles: Vec<RoleObservation>, gateway: (i32, i32)) -> Observation {
+    Observation {
+        generation: Some(3),
+        roles: Some(roles),
+        gateway,
+        model: ModelState::NotNeeded,
+        problem: None,
+        selector: "infera.amd.com/deployment=d,app.kubernetes.io/component=engine".into(),
+        endpoint: Some("http://d-gateway.ns:8000".into()),
+    }
+}
+
+fn cond<'a>(s: &'a InferaDeploymentStatus, type_: &str) -> &'a Condition {
+    s.conditions.iter().find(|c| c.type_ == type_).unwrap()
+}
+
+#[test]
+fn workers_coming_up_are_progressing_then_ready() {
+    let starting = obs(
+        vec![
+            role(Role::Prefill, 4, 4, 1, 2),
+            role(Role::Decode, 2, 2, 0, 1),
+        ],
+        (1, 0),
+    );
+    let s = compute_status(None, &starting, &t(100));
+    assert_eq!(cond(&s, "Ready").status, "False");
+    assert_eq!(cond(&s, "Ready").reason, "WorkersNotReady");
+    assert_eq!(
+        cond(&s, "Ready").message,
+        "prefill 1/4 ready, decode 0/2 ready"
+    );
+    assert_eq!(cond(&s, "Progressing").status, "True");
+    assert_eq!(cond(&s, "Degraded").status, "False");
+    assert_eq!(
+        (s.replicas, s.ready_replicas),
+        (2, 0),
+        "units: 4/2 prefill and 2/1 decode exist"
+    );
+    assert_eq!(s.observed_generation, Some(3));
+    let ready = obs(
+        vec![
+            role(Role::Prefill, 4, 4, 4, 2),
+            role(Role::Decode, 2, 2, 2, 1),
+        ],
+        (1, 1),
+    );
+    let s2 = compute_status(Some(&s), &ready, &t(200));
+    assert_eq!(cond(&s2, "Ready").status, "True");
+    assert_eq!(cond(&s2, "Ready").last_transition_time, t(200));
+    assert_eq!(cond(&s2, "Progressing").reason, "Complete");
+    assert_eq!(
+        cond(&s2, "Degraded").last_transition_time,
+        t(100),
+        "unchanged conditions keep their time"
+    );
+    assert_eq!((s2.replicas, s2.ready_replicas), (2, 2));
+    // Nothing changed: the same status, so nothing is written.
+    assert_eq!(compute_status(Some(&s2), &ready, &t(300)), s2);
+}
+
+#[test]
+fn a_build_failure_is_degraded_and_keeps_the_last_counts() {
+    let ready = obs(vec![role(Role::Mixed, 2, 2, 2, 1)], (1, 1));
+    let s = compute_status(None, &ready, &t(100));
+    let mut broken = ready.clone();
+    broken.roles = None;
+    broken.problem = Some((
+        "TopologyNotFound".into(),
+        "PDTopology \"x\" does not exist".into(),
+    ));
+    let s2 = compute_status(Some(&s), &broken, &t(200));
+    assert_eq!(cond(&s2, "Degraded").status, "True");
+    assert_eq!(cond(&s2, "Degraded").reason, "TopologyNotFound");
+    assert_eq!(cond(&s2, "Progressing").status, "False");
+    assert_eq!(
+        cond(&s2, "Ready").status,
+        "True",
+        "the running fleet still serves"
+    );
+    assert_eq!((s2.replicas, s2.ready_replicas), (2, 2));
+}
+
+#[test]
+fn a_download_holds_workers_and_a_failed_one_is_degraded() {
+    let mut o = obs(vec![role(Role::Mixed, 2, 0, 0, 1)], (1, 1));
+    o.model = ModelState::Downloading;
+    let s = compute_status(None, &o, &t(1));
+    assert_eq!(cond(&s, "Ready").reason, "ModelDownloading");
+    assert_eq!(cond(&s, "Progressing").reason, "ModelDownloading");
+    o.model = ModelState::Failed("BackoffLimitExceeded".into());
+    let s = compute_status(Some(&s), &o, &t(2));
+    assert_eq!(cond(&s, "Degraded").reason, "ModelDownloadFailed");
+}

@@ -1,0 +1,298 @@
+//! The engine's command line and environment for one role (pure). Flags that make the
+//! worker routable (port, served name, parallelism, KV-cache dtype, the prefill/decode
+//! connector) are rendered here; KV events and the rest of what routing needs come from
+//! the sidecar's own engine preparation (`infera_engine_sidecar::prepare`), so flags
+//! are decided in one place. The user's `args` follow verbatim and win.
+
+use crate::api::{
+    EngineKind, InferaDeploymentSpec, KvCacheDtype, Parallelism, Quantization, SimFlavor,
+    TransportBackend, TransportSpec,
+};
+use crate::render::names::Role;
+use infera_engine_sidecar::cli::EngineArg;
+use infera_engine_sidecar::prepare::{fp8_kv_cache_dtype, launcher, prepare_engine};
+use infera_proto::pd::PdProtocol;
+use serde_json::{Value, json};
+
+/// HTTP port of every engine container.
+pub const ENGINE_PORT: u16 = 8000;
+/// Port of the engine's KV-event publisher (data-parallel rank r on +r).
+pub const KV_EVENTS_PORT: u16 = 5557;
+/// Default SGLang / vLLM Mooncake bootstrap port.
+pub const BOOTSTRAP_PORT: u16 = 8998;
+/// Rendezvous port of a multi-node worker's leader.
+pub const DIST_INIT_PORT: u16 = 20000;
+/// Where the model volume is mounted in engine and gateway pods.
+pub const MODEL_MOUNT: &str = "/model-store";
+/// Program of `kind: sim` engines in the simulator image.
+pub const SIM_PROGRAM: &str = "infera-sim";
+
+/// One role's engine, as the pod runs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineCommand {
+    /// Program and arguments (the container's `command`).
+    pub command: Vec<String>,
+    /// The arguments after the program: what the sidecar reads its facts from.
+    pub engine_args: Vec<String>,
+    /// Environment the operator adds (before the user's `env`).
+    pub env: Vec<(String, String)>,
+}
+
+/// Where a role's worker sits in a prefill/decode pair, and over what.
+#[derive(Debug, Clone, Copy)]
+pub struct PdLeg<'a> {
+    /// The connector protocol.
+    pub protocol: PdProtocol,
+    /// The topology's transport.
+    pub transport: &'a TransportSpec,
+}
+
+/// What varies per role.
+#[derive(Debug, Clone, Copy)]
+pub struct RoleInput<'a> {
+    /// The role.
+    pub role: Role,
+    /// Parallelism of one worker.
+    pub parallelism: &'a Parallelism,
+    /// The topology role's extra args (after the deployment's).
+    pub role_args: &'a [String],
+    /// Prefill/decode connector, for those roles.
+    pub pd: Option<PdLeg<'a>>,
+    /// Where the model is inside the pod.
+    pub model_path: &'a str,
+    /// Tokenizer folder inside the pod, if any.
+    pub tokenizer_path: Option<&'a str>,
+}
+
+fn sidecar_engine(kind: EngineKind) -> EngineArg {
+    match kind {
+        EngineKind::Vllm => EngineArg::Vllm,
+        EngineKind::Sglang => EngineArg::Sglang,
+        EngineKind::Atom => EngineArg::Atom,
+        EngineKind::Sim => EngineArg::Sim,
+    }
+}
+
+fn flavor(spec: &InferaDeploymentSpec) -> SimFlavor {
+    crate::api::resolve::effective_engine(spec.engine.kind, spec.engine.sim_flavor)
+}
+
+fn push(args: &mut Vec<String>, flag: &str, value: impl Into<String>) {
+    args.push(flag.to_owned());
+    args.push(value.into());
+}
+
+fn kv_cache_dtype(engine: SimFlavor, dtype: KvCacheDtype) -> Option<&'static str> {
+    let sidecar = match engine {
+        SimFlavor::Vllm => EngineArg::Vllm,
+        SimFlavor::Sglang => EngineArg::Sglang,
+        SimFlavor::Atom => return None,
+    };
+    Some(match dtype {
+        KvCacheDtype::Fp8 => fp8_kv_cache_dtype(sidecar),
+        KvCacheDtype::Auto => "auto",
+        KvCacheDtype::Bf16 => "bfloat16",
+    })
+}
+
+/// The vLLM / ATOM `--kv-transfer-config` of a prefill or decode worker. Pod identity
+/// comes from the downward API (`$(POD_NAME)`, `$(POD_IP)`), which Kubernetes expands in
+/// arguments, so the sidecar reads the same values the engine uses.
+fn kv_transfer_config(leg: PdLeg<'_>, role: Role, rdma: bool, tp: u32) -> Value {
+    let kv_role = match role {
+        Role::Prefill => "kv_producer",
+        _ => "kv_consumer",
+    };
+    let t = leg.transport;
+    match leg.protocol {
+        PdProtocol::VllmMooncake => json!({
+            "kv_connector": "MooncakeConnector",
+            "kv_role": kv_role,
+            "engine_id": "$(POD_NAME)",
+            "kv_ip": "$(POD_IP)",
+            "kv_connector_extra_config": {"mooncake_protocol": if rdma { "rdma" } else { "tcp" }},
+        }),
+        PdProtocol::VllmMoriWrite | PdProtocol::VllmMoriRead => json!({
+            "kv_connector": "MoRIIOConnector",
+            "kv_role": kv_role,
+            "engine_id": "$(POD_NAME)",
+            "kv_ip": "$(POD_IP)",
+            "kv_connector_extra_config": {
+                "handshake_port": t.handshake_port.unwrap_or(6301),
+                "notify_port": t.notify_port.unwrap_or(61005),
+                "tp_size": tp,
+                "read_mode": leg.protocol == PdProtocol::VllmMoriRead,
+            },
+        }),
+        _ => json!({
+            "kv_connector": "mooncake",
+            "kv_role": kv_role,
+            "handshake_port": t.handshake_port.unwrap_or(6301),
+        }),
+    }
+}
+
+fn pd_flags(
+    args: &mut Vec<String>,
+    env: &mut Vec<(String, String)>,
+    leg: PdLeg<'_>,
+    input: &RoleInput<'_>,
+    spec: &InferaDeploymentSpec,
+) {
+    let rdma = &spec.network.rdma;
+    if leg.protocol == PdProtocol::SglangBootstrap {
+        push(args, "--disaggregation-mode", input.role.as_str());
+        let backend = match leg.transport.backend {
+            TransportBackend::Mori => "mori",
+            _ => "mooncake",
+        };
+        push(args, "--disaggregation-transfer-backend", backend);
+        let port = leg.transport.bootstrap_port.unwrap_or(BOOTSTRAP_PORT);
+        push(args, "--disaggregation-bootstrap-port", port.to_string());
+        if rdma.enabled && !rdma.interfaces.is_empty() {
+            push(
+                args,
+                "--disaggregation-ib-device",
+                rdma.interfaces.join(","),
+            );
+        }
+        return;
+    }
+    let tp = input.parallelism.tensor_parallel_size;
+    let config = kv_transfer_config(leg, input.role, rdma.enabled, tp);
+    push(args, "--kv-transfer-config", config.to_string());
+    if leg.protocol == PdProtocol::VllmMooncake
+        && let Some(port) = leg.transport.bootstrap_port
+    {
+        env.push(("VLLM_MOONCAKE_BOOTSTRAP_PORT".into(), port.to_string()));
+    }
+    if leg.protocol == PdProtocol::VllmMoriRead {
+        env.push(("VLLM_MORIIO_CONNECTOR_READ_MODE".into(), "1".into()));
+    }
+}
+
+fn parallel_flags(args: &mut Vec<String>, engine: SimFlavor, p: &Parallelism) {
+    let (tp, dp) = match engine {
+        SimFlavor::Sglang => ("--tp-size", "--dp-size"),
+        SimFlavor::Vllm | SimFlavor::Atom => ("--tensor-parallel-size", "--data-parallel-size"),
+    };
+    push(args, tp, p.tensor_parallel_size.to_string());
+    if p.data_parallel_size > 1 {
+        push(args, dp, p.data_parallel_size.to_string());
+    }
+    if p.expert_parallel {
+        args.push(match engine {
+            SimFlavor::Sglang => "--enable-ep-moe".into(),
+            _ => "--enable-expert-parallel".into(),
+        });
+    }
+    if p.nodes_per_worker > 1 {
+        // LeaderWorkerSet sets LWS_LEADER_ADDRESS and LWS_WORKER_INDEX in every pod.
+        match engine {
+            SimFlavor::Sglang => {
+                push(args, "--nnodes", p.nodes_per_worker.to_string());
+                push(args, "--node-rank", "$(LWS_WORKER_INDEX)");
+                push(
+                    args,
+                    "--dist-init-addr",
+                    format!("$(LWS_LEADER_ADDRESS):{DIST_INIT_PORT}"),
+                );
+            }
+            SimFlavor::Vllm | SimFlavor::Atom => {
+                push(args, "--nnodes", p.nodes_per_worker.to_string());
+                push(args, "--node-rank", "$(LWS_WORKER_INDEX)");
+                push(args, "--master-addr", "$(LWS_LEADER_ADDRESS)");
+                push(args, "--master-port", DIST_INIT_PORT.to_string());
+            }
+        }
+    }
+}
+
+fn quantization_flags(args: &mut Vec<String>, engine: SimFlavor, q: Quantization) {
+    if engine == SimFlavor::Atom {
+        return;
+    }
+    match q {
+        Quantization::Auto => {}
+        Quantization::Fp8 => push(args, "--quantization", "fp8"),
+        Quantization::Mxfp4 => push(args, "--quantization", "mxfp4"),
+        Quantization::Bf16 => push(args, "--dtype", "bfloat16"),
+    }
+}
+
+/// The engine command of one role. `kv_events`: give the engine a KV-event endpoint
+/// (kv-aware routing needs it).
+pub fn engine_command(
+    spec: &InferaDeploymentSpec,
+    input: &RoleInput<'_>,
+    kv_events: bool,
+) -> EngineCommand {
+    let engine = flavor(spec);
+    let mut args = Vec::new();
+    let mut env = Vec::new();
+    match engine {
+        SimFlavor::Sglang => push(&mut args, "--model-path", input.model_path),
+        SimFlavor::Atom => push(&mut args, "--model", input.model_path),
+        SimFlavor::Vllm => args.push(input.model_path.to_owned()),
+    }
+    push(&mut args, "--served-model-name", spec.model.name.as_str());
+    push(&mut args, "--host", "0.0.0.0");
+    push(&mut args, "--port", ENGINE_PORT.to_string());
+    if spec.engine.kind == EngineKind::Sim {
+        push(
+            &mut args,
+            "--engine",
+            match engine {
+                SimFlavor::Vllm => "vllm",
+                SimFlavor::Sglang => "sglang",
+                SimFlavor::Atom => "atom",
+            },
+        );
+        if let Some(tokenizer) = input.tokenizer_path {
+            push(&mut args, "--tokenizer", tokenizer);
+        }
+    }
+    parallel_flags(&mut args, engine, input.parallelism);
+    quantization_flags(&mut args, engine, spec.model.quantization);
+    if let Some(dtype) = kv_cache_dtype(engine, spec.engine.kv_cache_dtype) {
+        push(&mut args, "--kv-cache-dtype", dtype);
+    }
+    if let Some(leg) = input.pd {
+        pd_flags(&mut args, &mut env, leg, input, spec);
+    }
+    args.extend(spec.engine.args.iter().cloned());
+    args.extend(input.role_args.iter().cloned());
+    let user_env: Vec<&str> = spec.engine.env.iter().map(|e| e.name.as_str()).collect();
+    let prepared = prepare_engine(
+        sidecar_engine(spec.engine.kind),
+        &args,
+        SIM_PROGRAM,
+        kv_events.then_some(KV_EVENTS_PORT),
+        spec.network
+            .rdma
+            .gid_index
+            .filter(|_| spec.network.rdma.enabled),
+        &|name| user_env.contains(&name) || env.iter().any(|(n, _)| n == name),
+    );
+    env.extend(prepared.env);
+    if spec.network.rdma.enabled && !spec.network.rdma.interfaces.is_empty() {
+        let hcas = spec.network.rdma.interfaces.join(",");
+        if !user_env.contains(&"NCCL_IB_HCA") {
+            env.push(("NCCL_IB_HCA".into(), hcas));
+        }
+    }
+    // The sidecar reads its facts from the arguments after the launcher's own words.
+    let (_, words) = launcher(sidecar_engine(spec.engine.kind), SIM_PROGRAM);
+    let engine_args = prepared
+        .args
+        .get(words.len()..)
+        .unwrap_or_default()
+        .to_vec();
+    let mut command = vec![prepared.program];
+    command.extend(prepared.args);
+    EngineCommand {
+        command,
+        engine_args,
+        env,
+    }
+}

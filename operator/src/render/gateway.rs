@@ -1,0 +1,279 @@
+//! The gateway (pure): a Deployment and Service running `infera-gateway` with the
+//! deployment's routing flags, and the ServiceAccount, Role and RoleBinding that the
+//! gateway and the engine sidecars need for Kubernetes discovery (list and watch Pods;
+//! patch their own Pod's annotation).
+
+use super::engine::{ENGINE_PORT, MODEL_MOUNT};
+use super::names;
+use super::pod::{model_mount, model_volume, restricted_security};
+use super::{Child, Ctx, Kind, ModelVolume, child};
+use crate::api::{
+    DiscoveryBackend, EngineKind, InferaDeploymentSpec, MessagingBackend, RoutingPolicy,
+    ServiceType,
+};
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, HTTPGetAction, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+    Service, ServiceAccount, ServicePort, ServiceSpec,
+};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role as RbacRole, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use std::collections::BTreeMap;
+
+/// The ServiceAccount of every pod of the deployment and, for Kubernetes discovery,
+/// its Role (Pods: get, list, watch, patch) and RoleBinding.
+pub fn identity(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec) -> Vec<Child> {
+    let name = names::service_account(ctx.name);
+    let labels = names::instance_labels(ctx.name, "identity");
+    let mut out = vec![child(
+        Kind::ServiceAccount,
+        ServiceAccount {
+            metadata: ctx.meta(name.clone(), labels.clone()),
+            ..Default::default()
+        },
+        Some(ctx.owner),
+    )];
+    if spec.discovery.backend != DiscoveryBackend::Kubernetes {
+        return out;
+    }
+    out.push(child(
+        Kind::Role,
+        RbacRole {
+            metadata: ctx.meta(name.clone(), labels.clone()),
+            rules: Some(vec![PolicyRule {
+                api_groups: Some(vec![String::new()]),
+                resources: Some(vec!["pods".into()]),
+                verbs: ["get", "list", "watch", "patch"].map(String::from).to_vec(),
+                ..Default::default()
+            }]),
+        },
+        Some(ctx.owner),
+    ));
+    out.push(child(
+        Kind::RoleBinding,
+        RoleBinding {
+            metadata: ctx.meta(name.clone(), labels),
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "Role".into(),
+                name: name.clone(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name,
+                namespace: Some(ctx.namespace.to_owned()),
+                ..Default::default()
+            }]),
+        },
+        Some(ctx.owner),
+    ));
+    out
+}
+
+fn policy(p: RoutingPolicy) -> &'static str {
+    match p {
+        RoutingPolicy::KvAware => "kv-aware",
+        RoutingPolicy::RoundRobin => "round-robin",
+        RoutingPolicy::Random => "random",
+    }
+}
+
+/// Tokenizer folder the gateway reads, if any: `spec.gateway.tokenizer` (relative to the
+/// model folder unless absolute), else the model's tokenizer, else (real engines) the
+/// model folder itself.
+pub fn gateway_tokenizer(spec: &InferaDeploymentSpec, model_path: &str) -> Option<String> {
+    let relative = |t: &str| {
+        if t.starts_with('/') {
+            t.to_owned()
+        } else {
+            format!("{model_path}/{}", t.trim_matches('/'))
+        }
+    };
+    spec.gateway
+        .tokenizer
+        .as_deref()
+        .or(spec.model.tokenizer.as_deref())
+        .map(relative)
+        .or_else(|| (spec.engine.kind != EngineKind::Sim).then(|| model_path.to_owned()))
+}
+
+/// The gateway's command-line flags.
+pub fn gateway_args(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec, model_path: &str) -> Vec<String> {
+    let g = &spec.gateway;
+    let mut args: Vec<String> = vec![
+        "--host".into(),
+        "0.0.0.0".into(),
+        "--port".into(),
+        ENGINE_PORT.to_string(),
+        "--router-policy".into(),
+        policy(g.policy).into(),
+        "--kv-overlap-weight".into(),
+        g.kv_overlap_weight.to_string(),
+        "--kv-prefill-overlap-weight".into(),
+        g.kv_prefill_overlap_weight.to_string(),
+        "--kv-decode-overlap-weight".into(),
+        g.kv_decode_overlap_weight.to_string(),
+    ];
+    match (&spec.discovery.backend, &spec.discovery.etcd) {
+        (DiscoveryBackend::Etcd, Some(etcd)) => {
+            args.extend(["--discovery-backend".into(), "etcd".into()]);
+            args.extend(["--etcd-endpoint".into(), etcd.endpoints.join(",")]);
+            args.extend(["--etcd-prefix".into(), etcd.prefix.clone()]);
+        }
+        _ => {
+            args.extend(["--discovery-backend".into(), "kubernetes".into()]);
+            args.extend([
+                "--k8s-label-selector".into(),
+                names::engine_selector_string(ctx.name),
+            ]);
+            args.extend(["--k8s-namespace".into(), ctx.namespace.into()]);
+        }
+    }
+    if let (MessagingBackend::Nats, Some(url)) = (spec.messaging.backend, &spec.messaging.nats_url)
+    {
+        args.extend([
+            "--kv-event-transport".into(),
+            "nats".into(),
+            "--nats-server".into(),
+            url.clone(),
+        ]);
+    }
+    if let Some(tokenizer) = gateway_tokenizer(spec, model_path) {
+        args.extend(["--router-tokenizer-path".into(), tokenizer]);
+    }
+    let retention = serde_json::to_value(spec.kv_cache.default_retention)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned));
+    if let Some(r) = retention.filter(|_| spec.kv_cache.enabled) {
+        args.extend(["--default-retention".into(), r]);
+    }
+    args
+}
+
+fn probe(path: &str) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("http".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(5),
+        failure_threshold: Some(3),
+        timeout_seconds: Some(3),
+        ..Default::default()
+    }
+}
+
+fn default_resources() -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".into(), Quantity("500m".into())),
+            ("memory".into(), Quantity("256Mi".into())),
+        ])),
+        limits: Some(BTreeMap::from([("memory".into(), Quantity("2Gi".into()))])),
+        ..Default::default()
+    }
+}
+
+/// The gateway Deployment and Service.
+pub fn gateway(
+    ctx: &Ctx<'_>,
+    spec: &InferaDeploymentSpec,
+    model: &ModelVolume,
+    model_path: &str,
+) -> Vec<Child> {
+    let name = names::gateway(ctx.name);
+    let labels = names::instance_labels(ctx.name, "gateway");
+    let selector = names::gateway_selector(ctx.name);
+    let uses_model =
+        gateway_tokenizer(spec, model_path).is_some_and(|t| t.starts_with(MODEL_MOUNT));
+    let container = Container {
+        name: "gateway".into(),
+        image: Some(
+            spec.gateway
+                .image
+                .clone()
+                .unwrap_or_else(|| ctx.images.gateway.clone()),
+        ),
+        args: Some(gateway_args(ctx, spec, model_path)),
+        ports: Some(vec![ContainerPort {
+            name: Some("http".into()),
+            container_port: i32::from(ENGINE_PORT),
+            ..Default::default()
+        }]),
+        readiness_probe: Some(probe("/ready")),
+        liveness_probe: Some(Probe {
+            period_seconds: Some(10),
+            ..probe("/health")
+        }),
+        resources: Some(
+            spec.gateway
+                .resources
+                .clone()
+                .unwrap_or_else(default_resources),
+        ),
+        security_context: Some(restricted_security()),
+        volume_mounts: uses_model.then(|| vec![model_mount()]),
+        ..Default::default()
+    };
+    let deployment = Deployment {
+        metadata: ctx.meta(name.clone(), labels.clone()),
+        spec: Some(DeploymentSpec {
+            replicas: Some(spec.gateway.replicas),
+            selector: LabelSelector {
+                match_labels: Some(selector.clone()),
+                ..Default::default()
+            },
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(1)),
+                    max_unavailable: Some(IntOrString::Int(0)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels.clone()),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(names::service_account(ctx.name)),
+                    containers: vec![container],
+                    volumes: uses_model.then(|| vec![model_volume(model)]),
+                    enable_service_links: Some(false),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let service_type = match spec.gateway.service.type_ {
+        ServiceType::ClusterIP => "ClusterIP",
+        ServiceType::NodePort => "NodePort",
+        ServiceType::LoadBalancer => "LoadBalancer",
+    };
+    let service = Service {
+        metadata: ctx.meta(name, labels),
+        spec: Some(ServiceSpec {
+            type_: Some(service_type.into()),
+            selector: Some(selector),
+            ports: Some(vec![ServicePort {
+                name: Some("http".into()),
+                port: spec.gateway.service.port,
+                target_port: Some(IntOrString::String("http".into())),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    vec![
+        child(Kind::Service, service, Some(ctx.owner)),
+        child(Kind::Deployment, deployment, Some(ctx.owner)),
+    ]
+}

@@ -1,0 +1,527 @@
+//! Build (pure): an `InferaDeployment` and its `PDTopology` become the desired children,
+//! each a complete object for server-side apply. Nothing here talks to the API server;
+//! [`crate::reconcile`] observes, applies, prunes and writes status around it.
+//!
+//! - [`names`]: names and labels; [`engine`]: the engine command; [`pod`]: engine pods;
+//!   [`workers`]: StatefulSets or LeaderWorkerSets, headless Services, PDBs;
+//!   [`gateway`]: the gateway and its RBAC; [`model`]: model download.
+
+pub mod engine;
+pub mod gateway;
+pub mod model;
+pub mod names;
+pub mod pod;
+pub mod workers;
+
+use crate::api::resolve::{ResolveError, Workers, gpus_per_worker, resolve_workers};
+use crate::api::{
+    DiscoveryBackend, EngineKind, EtcdSpec, InferaDeployment, InferaDeploymentSpec,
+    MessagingBackend, PDTopology, Parallelism,
+};
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Resource;
+use kube::core::{ApiResource, GroupVersionKind};
+use names::Role;
+use serde::Serialize;
+use serde_json::Value;
+
+/// Container images of the parts Infera ships.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Images {
+    /// `infera-gateway`.
+    pub gateway: String,
+    /// `infera-engine-sidecar`.
+    pub sidecar: String,
+    /// `infera-sim` (engines of `kind: sim`).
+    pub sim: String,
+    /// `infera-kvd`.
+    pub kvd: String,
+    /// Runs the model download when the engine image is not a Python one (`sim`).
+    pub downloader: String,
+}
+
+impl Images {
+    /// `<registry>/infera-<part>:<tag>` for every part.
+    pub fn from_registry(registry: &str, tag: &str) -> Self {
+        let image = |part: &str| format!("{}/infera-{part}:{tag}", registry.trim_end_matches('/'));
+        Self {
+            gateway: image("gateway"),
+            sidecar: image("engine-sidecar"),
+            sim: image("sim"),
+            kvd: image("kvd"),
+            downloader: "python:3.12-slim".into(),
+        }
+    }
+}
+
+/// What the operator was configured with: Infera's images, and the etcd and NATS the
+/// chart installed, which deployments use when they name none of their own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Platform {
+    /// Images.
+    pub images: Images,
+    /// Client URLs of the cluster's etcd (`--default-etcd-endpoints`).
+    pub etcd_endpoints: Vec<String>,
+    /// URL of the cluster's NATS (`--default-nats-url`).
+    pub nats_url: Option<String>,
+}
+
+impl Platform {
+    /// Images only: no cluster etcd or NATS.
+    pub fn with_images(images: Images) -> Self {
+        Self {
+            images,
+            etcd_endpoints: Vec::new(),
+            nats_url: None,
+        }
+    }
+}
+
+/// The spec with the platform's etcd and NATS filled in where the deployment picked the
+/// backend but named no endpoint.
+pub fn with_platform_endpoints(
+    spec: &InferaDeploymentSpec,
+    platform: &Platform,
+) -> Result<InferaDeploymentSpec, RenderError> {
+    let mut spec = spec.clone();
+    if spec.discovery.backend == DiscoveryBackend::Etcd && spec.discovery.etcd.is_none() {
+        if platform.etcd_endpoints.is_empty() {
+            return Err(RenderError::NoEtcd);
+        }
+        spec.discovery.etcd = Some(EtcdSpec {
+            endpoints: platform.etcd_endpoints.clone(),
+            prefix: infera_proto::discovery::DEFAULT_ETCD_PREFIX.into(),
+        });
+    }
+    if spec.messaging.backend == MessagingBackend::Nats && spec.messaging.nats_url.is_none() {
+        match &platform.nats_url {
+            Some(url) => spec.messaging.nats_url = Some(url.clone()),
+            None => return Err(RenderError::NoNats),
+        }
+    }
+    Ok(spec)
+}
+
+/// The image of the engine container.
+pub fn engine_image(spec: &crate::api::InferaDeploymentSpec, images: &Images) -> String {
+    // The API server requires an image for every kind but sim.
+    spec.engine
+        .image
+        .clone()
+        .unwrap_or_else(|| images.sim.clone())
+}
+
+/// Where the model weights live, as pods mount them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelVolume {
+    /// A PVC (the user's, or the Hugging Face cache), the model under `sub_path`.
+    Claim {
+        /// Claim name.
+        claim: String,
+        /// Folder of the model in the volume ("" for its root).
+        sub_path: String,
+    },
+    /// A node folder.
+    Host {
+        /// Absolute path on the node.
+        path: String,
+    },
+}
+
+impl ModelVolume {
+    /// The model folder inside a pod.
+    pub fn model_path(&self) -> String {
+        match self {
+            Self::Claim { sub_path, .. } if !sub_path.is_empty() => {
+                format!("{}/{}", engine::MODEL_MOUNT, sub_path.trim_matches('/'))
+            }
+            _ => engine::MODEL_MOUNT.to_owned(),
+        }
+    }
+}
+
+/// The kinds of children, with what the API server calls them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    /// core/v1 ServiceAccount.
+    ServiceAccount,
+    /// rbac/v1 Role.
+    Role,
+    /// rbac/v1 RoleBinding.
+    RoleBinding,
+    /// core/v1 PersistentVolumeClaim.
+    PersistentVolumeClaim,
+    /// batch/v1 Job.
+    Job,
+    /// core/v1 Service.
+    Service,
+    /// apps/v1 StatefulSet.
+    StatefulSet,
+    /// leaderworkerset.x-k8s.io/v1 LeaderWorkerSet.
+    LeaderWorkerSet,
+    /// policy/v1 PodDisruptionBudget.
+    PodDisruptionBudget,
+    /// apps/v1 Deployment.
+    Deployment,
+}
+
+impl Kind {
+    /// Every kind, in apply order (identity and storage first, workloads last).
+    pub const ALL: [Kind; 10] = [
+        Kind::ServiceAccount,
+        Kind::Role,
+        Kind::RoleBinding,
+        Kind::PersistentVolumeClaim,
+        Kind::Job,
+        Kind::Service,
+        Kind::StatefulSet,
+        Kind::LeaderWorkerSet,
+        Kind::PodDisruptionBudget,
+        Kind::Deployment,
+    ];
+
+    /// Group, version, kind and plural.
+    pub fn api_resource(self) -> ApiResource {
+        let (group, version, kind, plural) = match self {
+            Kind::ServiceAccount => ("", "v1", "ServiceAccount", "serviceaccounts"),
+            Kind::Role => ("rbac.authorization.k8s.io", "v1", "Role", "roles"),
+            Kind::RoleBinding => (
+                "rbac.authorization.k8s.io",
+                "v1",
+                "RoleBinding",
+                "rolebindings",
+            ),
+            Kind::PersistentVolumeClaim => {
+                ("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims")
+            }
+            Kind::Job => ("batch", "v1", "Job", "jobs"),
+            Kind::Service => ("", "v1", "Service", "services"),
+            Kind::StatefulSet => ("apps", "v1", "StatefulSet", "statefulsets"),
+            Kind::LeaderWorkerSet => (
+                "leaderworkerset.x-k8s.io",
+                "v1",
+                "LeaderWorkerSet",
+                "leaderworkersets",
+            ),
+            Kind::PodDisruptionBudget => (
+                "policy",
+                "v1",
+                "PodDisruptionBudget",
+                "poddisruptionbudgets",
+            ),
+            Kind::Deployment => ("apps", "v1", "Deployment", "deployments"),
+        };
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+    }
+
+    /// Whether the operator deletes children of this kind it no longer renders. The
+    /// model cache is kept: it holds hundreds of gigabytes that took long to download.
+    pub fn pruned(self) -> bool {
+        self != Kind::PersistentVolumeClaim
+    }
+}
+
+/// One desired object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Child {
+    /// Its kind.
+    pub kind: Kind,
+    /// Its name.
+    pub name: String,
+    /// The complete object (apiVersion, kind, metadata, spec).
+    pub object: Value,
+}
+
+/// How a role's workers are run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoleWorkers {
+    /// The role.
+    pub role: Role,
+    /// Workers wanted by the spec.
+    pub desired: i32,
+    /// Workers rendered now (0 while the model downloads).
+    pub rendered: i32,
+    /// StatefulSet or LeaderWorkerSet.
+    pub kind: Kind,
+    /// Its name.
+    pub name: String,
+}
+
+/// Everything a deployment should consist of.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rendered {
+    /// Objects to apply, in order.
+    pub children: Vec<Child>,
+    /// Worker sets by role.
+    pub roles: Vec<RoleWorkers>,
+    /// Workers per topology unit by role (mixed: 1), for `/scale`.
+    pub unit: Vec<(Role, u32)>,
+    /// The model download Job, when the source is Hugging Face.
+    pub download_job: Option<String>,
+    /// The gateway Deployment.
+    pub gateway: String,
+    /// `http://<service>.<namespace>:<port>`.
+    pub gateway_endpoint: String,
+}
+
+/// What cannot be built, as a `Degraded` reason and message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RenderError {
+    /// A rule across objects (see [`ResolveError`]).
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
+    /// The name leaves no room for children's suffixes.
+    #[error("metadata.name {0:?} is longer than {max} characters: pod names add a role, an ordinal and a hash within Kubernetes' 63-character label limit; use a shorter name", max = names::MAX_NAME_LEN)]
+    NameTooLong(String),
+    /// etcd discovery without endpoints, and no cluster etcd.
+    #[error(
+        "spec.discovery.backend is etcd but spec.discovery.etcd.endpoints is unset and the operator knows no cluster etcd (install the chart with etcd.enabled=true, or set the endpoints)"
+    )]
+    NoEtcd,
+    /// NATS messaging without a URL, and no cluster NATS.
+    #[error(
+        "spec.messaging.backend is nats but spec.messaging.natsUrl is unset and the operator knows no cluster NATS (install the chart with nats.enabled=true, or set natsUrl)"
+    )]
+    NoNats,
+    /// The object was never stored (no uid for owner references).
+    #[error("the InferaDeployment has no uid or namespace yet")]
+    NotStored,
+}
+
+impl RenderError {
+    /// The condition reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Resolve(ResolveError::MissingTopology(_)) => "TopologyNotFound",
+            Self::Resolve(ResolveError::Unsupported { .. }) => "UnsupportedTransport",
+            Self::Resolve(ResolveError::Parallelism { .. }) => "InvalidParallelism",
+            Self::NameTooLong(_) => "NameTooLong",
+            Self::NoEtcd => "EtcdEndpointsMissing",
+            Self::NoNats => "NatsUrlMissing",
+            Self::NotStored => "NotStored",
+        }
+    }
+}
+
+/// What the build needs besides the two resources.
+#[derive(Debug, Clone, Copy)]
+pub struct Observed<'a> {
+    /// The referenced topology, if it exists.
+    pub topology: Option<&'a PDTopology>,
+    /// The model download finished (always true for PVC and hostPath sources).
+    pub model_ready: bool,
+}
+
+/// Serializes a typed object into a child with the owner reference set.
+pub fn child<T: Resource<DynamicType = ()> + Serialize>(
+    kind: Kind,
+    mut object: T,
+    owner: Option<&OwnerReference>,
+) -> Child {
+    if let Some(owner) = owner {
+        object.meta_mut().owner_references = Some(vec![owner.clone()]);
+    }
+    let name = object.meta().name.clone().unwrap_or_default();
+    let mut value = serde_json::to_value(&object).unwrap_or(Value::Null);
+    if let Some(map) = value.as_object_mut() {
+        map.insert("apiVersion".into(), T::api_version(&()).into());
+        map.insert("kind".into(), T::kind(&()).into());
+    }
+    Child {
+        kind,
+        name,
+        object: value,
+    }
+}
+
+/// One role's parallelism, extra args and engine resources: the topology's role, with
+/// the deployment's `expertParallel` carried over (a MoE model is one on every role).
+fn role_parallelism<'a>(
+    spec: &'a InferaDeploymentSpec,
+    topology: Option<&'a PDTopology>,
+    role: Role,
+) -> (Parallelism, &'a [String], Option<&'a ResourceRequirements>) {
+    let engine_resources = spec.engine.resources.as_ref();
+    let topo_role = match (role, topology) {
+        (Role::Prefill, Some(t)) => Some(&t.spec.prefill),
+        (Role::Decode, Some(t)) => Some(&t.spec.decode),
+        _ => None,
+    };
+    match topo_role {
+        Some(r) => {
+            let mut p = r.parallelism.clone();
+            p.expert_parallel |= spec.engine.parallelism.expert_parallel;
+            (p, &r.args, r.resources.as_ref().or(engine_resources))
+        }
+        None => (spec.engine.parallelism.clone(), &[], engine_resources),
+    }
+}
+
+/// Workers by role.
+type RoleCounts = Vec<(Role, u32)>;
+
+/// Builds every child of `idep`.
+pub fn render(
+    idep: &InferaDeployment,
+    observed: Observed<'_>,
+    platform: &Platform,
+) -> Result<Rendered, RenderError> {
+    let images = &platform.images;
+    let name = idep.metadata.name.clone().unwrap_or_default();
+    if name.len() > names::MAX_NAME_LEN {
+        return Err(RenderError::NameTooLong(name));
+    }
+    let (Some(namespace), Some(mut owner)) = (
+        idep.metadata.namespace.clone(),
+        idep.controller_owner_ref(&()),
+    ) else {
+        return Err(RenderError::NotStored);
+    };
+    // Foreground deletion of the deployment waits for its children.
+    owner.block_owner_deletion = Some(true);
+    let spec = with_platform_endpoints(&idep.spec, platform)?;
+    let spec = &spec;
+    let topology = observed.topology;
+    let workers = resolve_workers(
+        spec,
+        topology.map(|t| (t.metadata.name.as_deref().unwrap_or_default(), &t.spec)),
+    )?;
+    let (roles, protocol, unit): (RoleCounts, _, RoleCounts) = match workers {
+        Workers::Mixed(n) => (vec![(Role::Mixed, n)], None, vec![(Role::Mixed, 1)]),
+        Workers::Disaggregated {
+            prefill,
+            decode,
+            protocol,
+        } => {
+            let (p, d) = topology
+                .map(|t| crate::api::resolve::unit_size(&t.spec))
+                .unwrap_or((1, 1));
+            (
+                vec![(Role::Prefill, prefill), (Role::Decode, decode)],
+                Some(protocol),
+                vec![(Role::Prefill, p), (Role::Decode, d)],
+            )
+        }
+    };
+    let model = model::volume(&name, spec);
+    let model_path = model.model_path();
+    let tokenizer = spec
+        .model
+        .tokenizer
+        .as_ref()
+        .map(|t| format!("{model_path}/{}", t.trim_matches('/')));
+    let kv_events = spec.gateway.policy == crate::api::RoutingPolicy::KvAware;
+    let ctx = Ctx {
+        name: &name,
+        namespace: &namespace,
+        owner: &owner,
+        images,
+    };
+    let mut children = gateway::identity(&ctx, spec);
+    let download_job = match model::download(&ctx, spec) {
+        Some(objs) => {
+            children.extend(objs);
+            Some(names::model_download(&name))
+        }
+        None => None,
+    };
+    let mut role_workers = Vec::new();
+    for (role, count) in roles {
+        let (parallelism, role_args, resources) = role_parallelism(spec, topology, role);
+        let pd = match (protocol, topology) {
+            (Some(protocol), Some(t)) => Some(engine::PdLeg {
+                protocol,
+                transport: &t.spec.transport,
+            }),
+            _ => None,
+        };
+        let command = engine::engine_command(
+            spec,
+            &engine::RoleInput {
+                role,
+                parallelism: &parallelism,
+                role_args,
+                pd,
+                model_path: &model_path,
+                tokenizer_path: tokenizer.as_deref(),
+            },
+            kv_events,
+        );
+        let desired = i32::try_from(count).unwrap_or(i32::MAX);
+        let rendered = if observed.model_ready { desired } else { 0 };
+        let gpus = if spec.engine.kind == EngineKind::Sim {
+            0
+        } else {
+            gpus_per_worker(&parallelism)
+        };
+        let set = workers::role_set(
+            &ctx,
+            spec,
+            &workers::RoleSet {
+                role,
+                replicas: rendered,
+                nodes: parallelism.nodes_per_worker,
+                engine: &command,
+                gpus,
+                resources,
+                model: &model,
+            },
+        );
+        role_workers.push(RoleWorkers {
+            role,
+            desired,
+            rendered,
+            kind: set.kind,
+            name: set.name.clone(),
+        });
+        children.extend(set.children);
+    }
+    let gw = gateway::gateway(&ctx, spec, &model, &model_path);
+    children.extend(gw);
+    children.sort_by_key(|c| Kind::ALL.iter().position(|k| *k == c.kind));
+    Ok(Rendered {
+        children,
+        roles: role_workers,
+        unit,
+        download_job,
+        gateway: names::gateway(&name),
+        gateway_endpoint: format!(
+            "http://{}.{namespace}:{}",
+            names::gateway(&name),
+            spec.gateway.service.port
+        ),
+    })
+}
+
+/// Shared inputs of the builders.
+#[derive(Debug, Clone, Copy)]
+pub struct Ctx<'a> {
+    /// Deployment name.
+    pub name: &'a str,
+    /// Namespace.
+    pub namespace: &'a str,
+    /// Controller owner reference to the deployment.
+    pub owner: &'a OwnerReference,
+    /// Images.
+    pub images: &'a Images,
+}
+
+impl Ctx<'_> {
+    /// Metadata of a child.
+    pub fn meta(
+        &self,
+        name: String,
+        labels: std::collections::BTreeMap<String, String>,
+    ) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(name),
+            namespace: Some(self.namespace.to_owned()),
+            labels: Some(labels),
+            ..Default::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,161 @@
+//! Model provisioning (pure): where pods find the weights, and for a Hugging Face source
+//! the cache PVC and the download Job that fills it. Workers are rendered at zero
+//! replicas until the Job has succeeded, so no pod loads a half-downloaded model.
+
+use super::engine::MODEL_MOUNT;
+use super::names;
+use super::pod::restricted_security;
+use super::{Child, Ctx, Kind, ModelVolume, child};
+use crate::api::InferaDeploymentSpec;
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, EnvVarSource, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, SecretKeySelector,
+    SecurityContext, Volume, VolumeMount, VolumeResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use std::collections::BTreeMap;
+
+/// Downloads the repository into `$TARGET` (`snapshot_download` skips files already
+/// there, so a retried Job resumes), installing `huggingface_hub` when the image lacks it.
+const DOWNLOAD_SCRIPT: &str = r#"set -eu
+python3 -c 'import huggingface_hub' 2>/dev/null || pip install --quiet --no-cache-dir --target /tmp/hf huggingface_hub
+export PYTHONPATH="/tmp/hf:${PYTHONPATH:-}"
+python3 - <<'PY'
+import os
+from huggingface_hub import snapshot_download
+path = snapshot_download(repo_id=os.environ["HF_MODEL_ID"], revision=os.environ.get("HF_REVISION") or None, local_dir=os.environ["TARGET"])
+print(f"downloaded {os.environ['HF_MODEL_ID']} into {path}")
+PY"#;
+
+/// The model volume of a deployment.
+pub fn volume(instance: &str, spec: &InferaDeploymentSpec) -> ModelVolume {
+    let source = &spec.model.source;
+    if let Some(hf) = &source.hugging_face {
+        ModelVolume::Claim {
+            claim: names::model_cache(instance),
+            sub_path: hf.id.clone(),
+        }
+    } else if let Some(pvc) = &source.pvc {
+        ModelVolume::Claim {
+            claim: pvc.claim_name.clone(),
+            sub_path: pvc.sub_path.clone().unwrap_or_default(),
+        }
+    } else {
+        ModelVolume::Host {
+            path: source
+                .host_path
+                .as_ref()
+                .map(|h| h.path.clone())
+                .unwrap_or_else(|| "/".into()),
+        }
+    }
+}
+
+fn env(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..Default::default()
+    }
+}
+
+/// The cache PVC and the download Job, for a Hugging Face source. The PVC carries the
+/// instance labels but no owner: deleting the deployment keeps the downloaded weights.
+pub fn download(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec) -> Option<Vec<Child>> {
+    let hf = spec.model.source.hugging_face.as_ref()?;
+    let claim = names::model_cache(ctx.name);
+    let labels = names::instance_labels(ctx.name, "model-cache");
+    let pvc = PersistentVolumeClaim {
+        metadata: ctx.meta(claim.clone(), labels),
+        spec: Some(PersistentVolumeClaimSpec {
+            // Every engine and gateway pod of the deployment mounts it, across nodes.
+            access_modes: Some(vec!["ReadWriteMany".into()]),
+            storage_class_name: hf.storage_class_name.clone(),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([("storage".into(), hf.cache_size.clone())])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut env = vec![
+        env("HF_MODEL_ID", &hf.id),
+        env("TARGET", &format!("{MODEL_MOUNT}/{}", hf.id)),
+        env("HF_HOME", "/tmp/hf-home"),
+        env("HF_HUB_DISABLE_TELEMETRY", "1"),
+    ];
+    if let Some(rev) = &hf.revision {
+        env.push(self::env("HF_REVISION", rev));
+    }
+    if let Some(secret) = &hf.token_secret_ref {
+        env.push(EnvVar {
+            name: "HF_TOKEN".into(),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: secret.name.clone(),
+                    key: secret.key.clone(),
+                    optional: Some(false),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
+    let image = match (&spec.engine.image, spec.engine.kind) {
+        (Some(image), kind) if kind != crate::api::EngineKind::Sim => image.clone(),
+        _ => ctx.images.downloader.clone(),
+    };
+    let job_labels = names::instance_labels(ctx.name, "model-download");
+    let job = Job {
+        metadata: ctx.meta(names::model_download(ctx.name), job_labels.clone()),
+        spec: Some(JobSpec {
+            backoff_limit: Some(6),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(job_labels),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    restart_policy: Some("OnFailure".into()),
+                    enable_service_links: Some(false),
+                    containers: vec![Container {
+                        name: "download".into(),
+                        image: Some(image),
+                        command: Some(vec!["/bin/sh".into(), "-c".into(), DOWNLOAD_SCRIPT.into()]),
+                        env: Some(env),
+                        volume_mounts: Some(vec![VolumeMount {
+                            name: "model".into(),
+                            mount_path: MODEL_MOUNT.into(),
+                            ..Default::default()
+                        }]),
+                        // Vendor engine images run as root: only privilege escalation
+                        // and capabilities are taken away.
+                        security_context: Some(SecurityContext {
+                            read_only_root_filesystem: Some(false),
+                            run_as_non_root: None,
+                            ..restricted_security()
+                        }),
+                        ..Default::default()
+                    }],
+                    volumes: Some(vec![Volume {
+                        name: "model".into(),
+                        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                            claim_name: claim,
+                            read_only: None,
+                        }),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Some(vec![
+        child(Kind::PersistentVolumeClaim, pvc, None),
+        child(Kind::Job, job, Some(ctx.owner)),
+    ])
+}

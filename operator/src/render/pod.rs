@@ -1,0 +1,477 @@
+//! The engine pod of one role (pure): the engine container, the sidecar as a native
+//! sidecar in attach mode, kvd when on, GPUs and RDMA devices, RoCE env, shared memory,
+//! identity from the downward API, probes sized from the startup budget, and a grace
+//! period that covers the drain.
+
+use super::engine::{ENGINE_PORT, EngineCommand, KV_EVENTS_PORT, MODEL_MOUNT};
+use super::names::{self, Role};
+use super::{Images, ModelVolume};
+use crate::api::{DiscoveryBackend, EngineKind, InferaDeploymentSpec, MessagingBackend};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    HTTPGetAction, HostPathVolumeSource, Lifecycle, LifecycleHandler, ObjectFieldSelector,
+    PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+    SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use std::collections::BTreeMap;
+
+/// Port of the sidecar's `/health`, `/metrics` and `/drain`.
+pub const SIDECAR_PORT: u16 = 8090;
+/// Longest drain of in-flight requests before the engine stops (the sidecar's
+/// `--drain-timeout`).
+pub const DRAIN_SECONDS: i64 = 60;
+/// Margin of the grace period over the drain (deregistration, engine stop).
+pub const GRACE_MARGIN_SECONDS: i64 = 30;
+/// Seconds between startup-probe checks.
+pub const STARTUP_PERIOD_SECONDS: i32 = 10;
+/// kvd's socket folder, shared by the engine and kvd containers.
+pub const KVD_SOCKET_DIR: &str = "/run/infera-kvd";
+
+/// Where in a multi-node worker a pod sits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodePlace {
+    /// A single-node worker, or the leader (rank 0) of a multi-node one: runs the sidecar.
+    Leader,
+    /// A follower node of a multi-node worker: the engine only.
+    Follower,
+}
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Identity from the downward API (first, so `$(POD_IP)` expands in later values).
+fn identity_env() -> Vec<EnvVar> {
+    vec![
+        field_env("POD_NAME", "metadata.name"),
+        field_env("POD_NAMESPACE", "metadata.namespace"),
+        field_env("POD_IP", "status.podIP"),
+        field_env("NODE_NAME", "spec.nodeName"),
+    ]
+}
+
+fn plain_env(pairs: &[(String, String)]) -> Vec<EnvVar> {
+    pairs
+        .iter()
+        .map(|(name, value)| EnvVar {
+            name: name.clone(),
+            value: Some(value.clone()),
+            ..Default::default()
+        })
+        .collect()
+}
+
+fn http_get(path: &str, port: u16) -> HTTPGetAction {
+    HTTPGetAction {
+        path: Some(path.into()),
+        port: IntOrString::Int(i32::from(port)),
+        ..Default::default()
+    }
+}
+
+fn probe(path: &str, port: u16, period: i32, failures: i32) -> Probe {
+    Probe {
+        http_get: Some(http_get(path, port)),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        timeout_seconds: Some(5),
+        ..Default::default()
+    }
+}
+
+fn quantity(s: impl Into<String>) -> Quantity {
+    Quantity(s.into())
+}
+
+/// A hardened container security context (what a non-root image needs).
+pub fn restricted_security() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The engine container's resources: the user's CPU and memory plus GPUs and RDMA
+/// devices (extended resources: requests equal limits).
+fn engine_resources(
+    spec: &InferaDeploymentSpec,
+    user: Option<&ResourceRequirements>,
+    gpus: u32,
+) -> ResourceRequirements {
+    let mut res = user.cloned().unwrap_or_default();
+    let mut extended = BTreeMap::new();
+    if spec.engine.kind != EngineKind::Sim && gpus > 0 {
+        extended.insert("amd.com/gpu".to_owned(), quantity(gpus.to_string()));
+    }
+    let rdma = &spec.network.rdma;
+    if rdma.enabled {
+        extended.insert(rdma.resource_name.clone(), quantity(rdma.count.to_string()));
+    }
+    if !extended.is_empty() {
+        let mut limits = res.limits.take().unwrap_or_default();
+        let mut requests = res.requests.take().unwrap_or_default();
+        for (k, v) in extended {
+            limits.insert(k.clone(), v.clone());
+            requests.insert(k, v);
+        }
+        res.limits = Some(limits);
+        res.requests = Some(requests);
+    }
+    res
+}
+
+fn sidecar_args(
+    spec: &InferaDeploymentSpec,
+    namespace: &str,
+    engine: &EngineCommand,
+) -> Vec<String> {
+    let kind = match spec.engine.kind {
+        EngineKind::Vllm => "vllm",
+        EngineKind::Sglang => "sglang",
+        EngineKind::Atom => "atom",
+        EngineKind::Sim => "sim",
+    };
+    let mut args: Vec<String> = vec![
+        kind.into(),
+        "--attach".into(),
+        "--status-port".into(),
+        SIDECAR_PORT.to_string(),
+        "--advertise-host".into(),
+        "$(POD_IP)".into(),
+        "--drain-timeout".into(),
+        DRAIN_SECONDS.to_string(),
+        "--health-timeout".into(),
+        spec.model.startup_budget_seconds.to_string(),
+    ];
+    match (&spec.discovery.backend, &spec.discovery.etcd) {
+        (DiscoveryBackend::Etcd, Some(etcd)) => {
+            args.extend(["--etcd-endpoint".into(), etcd.endpoints.join(",")]);
+            args.extend(["--etcd-prefix".into(), etcd.prefix.clone()]);
+        }
+        _ => {
+            args.extend(["--discovery-backend".into(), "kubernetes".into()]);
+            args.extend(["--k8s-namespace".into(), namespace.into()]);
+        }
+    }
+    if let (MessagingBackend::Nats, Some(url)) = (spec.messaging.backend, &spec.messaging.nats_url)
+    {
+        args.extend([
+            "--kv-event-transport".into(),
+            "nats".into(),
+            "--nats-server".into(),
+            url.clone(),
+        ]);
+    }
+    if let Some(gid) = spec
+        .network
+        .rdma
+        .gid_index
+        .filter(|_| spec.network.rdma.enabled)
+    {
+        args.extend(["--gid-index".into(), gid.to_string()]);
+    }
+    if !spec.network.rdma.enabled {
+        // Without RDMA the KV moves over TCP: say so rather than have the sidecar refuse.
+        args.push("--disaggregation-allow-tcp".into());
+    }
+    args.extend(engine.engine_args.iter().cloned());
+    args
+}
+
+/// Inputs of one role's pod template.
+#[derive(Debug, Clone, Copy)]
+pub struct PodInput<'a> {
+    /// Deployment name.
+    pub instance: &'a str,
+    /// Namespace.
+    pub namespace: &'a str,
+    /// The role.
+    pub role: Role,
+    /// Leader or follower of a multi-node worker.
+    pub place: NodePlace,
+    /// The engine command of the role.
+    pub engine: &'a EngineCommand,
+    /// GPUs per pod.
+    pub gpus: u32,
+    /// CPU and memory of the engine container.
+    pub resources: Option<&'a ResourceRequirements>,
+    /// The model volume.
+    pub model: &'a ModelVolume,
+    /// Images.
+    pub images: &'a Images,
+}
+
+fn volumes(spec: &InferaDeploymentSpec, model: &ModelVolume) -> Vec<Volume> {
+    let mut v = vec![
+        Volume {
+            name: "dshm".into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: Some("Memory".into()),
+                size_limit: Some(spec.engine.shared_memory_size.clone()),
+            }),
+            ..Default::default()
+        },
+        model_volume(model),
+    ];
+    if spec.kv_cache.enabled {
+        v.push(Volume {
+            name: "kvd-socket".into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        });
+        if let Some(nvme) = &spec.kv_cache.nvme {
+            v.push(Volume {
+                name: "kvd-nvme".into(),
+                host_path: Some(HostPathVolumeSource {
+                    path: nvme.path.clone(),
+                    type_: Some("DirectoryOrCreate".into()),
+                }),
+                ..Default::default()
+            });
+        }
+    }
+    v
+}
+
+/// The model volume (read-only in every pod that mounts it).
+pub fn model_volume(model: &ModelVolume) -> Volume {
+    match model {
+        ModelVolume::Claim { claim, .. } => Volume {
+            name: "model".into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: claim.clone(),
+                read_only: Some(true),
+            }),
+            ..Default::default()
+        },
+        ModelVolume::Host { path } => Volume {
+            name: "model".into(),
+            host_path: Some(HostPathVolumeSource {
+                path: path.clone(),
+                type_: None,
+            }),
+            ..Default::default()
+        },
+    }
+}
+
+/// The read-only mount of the model volume.
+pub fn model_mount() -> VolumeMount {
+    VolumeMount {
+        name: "model".into(),
+        mount_path: MODEL_MOUNT.into(),
+        read_only: Some(true),
+        ..Default::default()
+    }
+}
+
+fn mount(name: &str, path: &str) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        ..Default::default()
+    }
+}
+
+fn kvd_container(spec: &InferaDeploymentSpec, images: &Images) -> Container {
+    let kv = &spec.kv_cache;
+    let retention = serde_json::to_value(kv.default_retention)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_else(|| "long".into());
+    let mut args = vec![
+        "--socket".into(),
+        format!("{KVD_SOCKET_DIR}/kvd.sock"),
+        "--ram".into(),
+        kv.ram.0.clone(),
+        "--default-retention".into(),
+        retention,
+    ];
+    let mut mounts = vec![mount("kvd-socket", KVD_SOCKET_DIR)];
+    if let Some(nvme) = &kv.nvme {
+        args.extend([
+            "--nvme-dir".into(),
+            "/var/lib/infera-kvd".into(),
+            "--nvme-size".into(),
+            nvme.size.0.clone(),
+        ]);
+        mounts.push(mount("kvd-nvme", "/var/lib/infera-kvd"));
+    }
+    if let Some(url) = &kv.remote_url {
+        args.extend(["--remote".into(), url.clone()]);
+    }
+    Container {
+        name: "kvd".into(),
+        image: Some(images.kvd.clone()),
+        args: Some(args),
+        restart_policy: Some("Always".into()),
+        volume_mounts: Some(mounts),
+        security_context: Some(restricted_security()),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".into(), quantity("500m")),
+                ("memory".into(), kv.ram.clone()),
+            ])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn sidecar_container(spec: &InferaDeploymentSpec, input: &PodInput<'_>) -> Container {
+    let mut env = identity_env();
+    env.extend(plain_env(&input.engine.env));
+    Container {
+        name: "sidecar".into(),
+        image: Some(input.images.sidecar.clone()),
+        args: Some(sidecar_args(spec, input.namespace, input.engine)),
+        env: Some(env),
+        // A native sidecar: started before the engine, stopped after it.
+        restart_policy: Some("Always".into()),
+        ports: Some(vec![ContainerPort {
+            name: Some("sidecar".into()),
+            container_port: i32::from(SIDECAR_PORT),
+            ..Default::default()
+        }]),
+        volume_mounts: Some(vec![model_mount()]),
+        security_context: Some(restricted_security()),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".into(), quantity("50m")),
+                ("memory".into(), quantity("64Mi")),
+            ])),
+            limits: Some(BTreeMap::from([("memory".into(), quantity("256Mi"))])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn engine_container(spec: &InferaDeploymentSpec, input: &PodInput<'_>) -> Container {
+    let mut env = identity_env();
+    env.extend(plain_env(&input.engine.env));
+    env.extend(spec.engine.env.iter().cloned());
+    let mut mounts = vec![mount("dshm", "/dev/shm"), model_mount()];
+    if spec.kv_cache.enabled {
+        mounts.push(mount("kvd-socket", KVD_SOCKET_DIR));
+        env.push(EnvVar {
+            name: "INFERA_KVD_SOCKET".into(),
+            value: Some(format!("{KVD_SOCKET_DIR}/kvd.sock")),
+            ..Default::default()
+        });
+    }
+    let budget = i32::try_from(spec.model.startup_budget_seconds).unwrap_or(i32::MAX);
+    let leader = input.place == NodePlace::Leader;
+    let startup_failures = ((budget + STARTUP_PERIOD_SECONDS - 1) / STARTUP_PERIOD_SECONDS).max(1);
+    let mut ports = vec![ContainerPort {
+        name: Some("http".into()),
+        container_port: i32::from(ENGINE_PORT),
+        ..Default::default()
+    }];
+    ports.push(ContainerPort {
+        name: Some("kv-events".into()),
+        container_port: i32::from(KV_EVENTS_PORT),
+        ..Default::default()
+    });
+    let mut command = input.engine.command.clone();
+    if input.place == NodePlace::Follower && spec.engine.kind != EngineKind::Sglang {
+        // vLLM and ATOM follower nodes run headless (no API server of their own).
+        command.push("--headless".into());
+    }
+    Container {
+        name: "engine".into(),
+        image: Some(super::engine_image(spec, input.images)),
+        command: Some(command),
+        env: Some(env),
+        ports: Some(ports),
+        resources: Some(engine_resources(spec, input.resources, input.gpus)),
+        volume_mounts: Some(mounts),
+        startup_probe: leader.then(|| {
+            probe(
+                "/health",
+                ENGINE_PORT,
+                STARTUP_PERIOD_SECONDS,
+                startup_failures,
+            )
+        }),
+        readiness_probe: leader.then(|| probe("/health", ENGINE_PORT, 10, 3)),
+        lifecycle: leader.then(|| Lifecycle {
+            // Deregister and drain before Kubernetes stops the engine.
+            pre_stop: Some(LifecycleHandler {
+                http_get: Some(http_get("/drain", SIDECAR_PORT)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        security_context: spec.network.rdma.enabled.then(|| SecurityContext {
+            capabilities: Some(Capabilities {
+                add: Some(vec!["IPC_LOCK".into()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The pod template of one role.
+pub fn pod_template(spec: &InferaDeploymentSpec, input: &PodInput<'_>) -> PodTemplateSpec {
+    let mut init = Vec::new();
+    if spec.kv_cache.enabled {
+        init.push(kvd_container(spec, input.images));
+    }
+    if input.place == NodePlace::Leader {
+        init.push(sidecar_container(spec, input));
+    }
+    let mut labels = names::role_labels(input.instance, input.role);
+    labels.insert(
+        "infera.amd.com/engine".into(),
+        spec.engine.kind.as_str().into(),
+    );
+    let sched = &spec.scheduling;
+    let host_network = spec.network.rdma.enabled && spec.network.rdma.host_network;
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(labels),
+            ..Default::default()
+        }),
+        spec: Some(PodSpec {
+            service_account_name: Some(names::service_account(input.instance)),
+            init_containers: (!init.is_empty()).then_some(init),
+            containers: vec![engine_container(spec, input)],
+            volumes: Some(volumes(spec, input.model)),
+            termination_grace_period_seconds: Some(DRAIN_SECONDS + GRACE_MARGIN_SECONDS),
+            // Service env vars would collide with engine settings (a Service named
+            // `vllm` sets VLLM_PORT).
+            enable_service_links: Some(false),
+            host_network: host_network.then_some(true),
+            dns_policy: host_network.then(|| "ClusterFirstWithHostNet".into()),
+            node_selector: (!sched.node_selector.is_empty()).then(|| sched.node_selector.clone()),
+            tolerations: (!sched.tolerations.is_empty()).then(|| sched.tolerations.clone()),
+            affinity: sched.affinity.clone(),
+            priority_class_name: sched.priority_class_name.clone(),
+            topology_spread_constraints: (!sched.topology_spread_constraints.is_empty())
+                .then(|| sched.topology_spread_constraints.clone()),
+            ..Default::default()
+        }),
+    }
+}

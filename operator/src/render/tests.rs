@@ -1,0 +1,616 @@
+use super::*;
+use crate::api::{InferaDeployment, PDTopology};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn images() -> Images {
+    Images::from_registry("registry.example/infera", "test")
+}
+
+/// Every InferaDeployment and PDTopology of an example file, stored as the API server
+/// would (a uid and a namespace).
+fn load(path: &Path) -> (Vec<InferaDeployment>, Vec<PDTopology>) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+    let (mut deps, mut topos) = (Vec::new(), Vec::new());
+    for mut doc in docs {
+        doc["metadata"]["namespace"] = json!("infera");
+        let name = doc["metadata"]["name"].as_str().unwrap().to_owned();
+        doc["metadata"]["uid"] = json!(format!("uid-{name}"));
+        match doc["kind"].as_str() {
+            Some("InferaDeployment") => deps.push(serde_json::from_value(doc).unwrap()),
+            Some("PDTopology") => topos.push(serde_json::from_value(doc).unwrap()),
+            other => panic!("{}: unexpected kind {other:?}", path.display()),
+        }
+    }
+    (deps, topos)
+}
+
+fn render_example(dep: &InferaDeployment, topos: &[PDTopology], model_ready: bool) -> Rendered {
+    let topology = topos
+        .iter()
+        .find(|t| t.metadata.name.as_deref() == dep.spec.serving.topology_ref.as_deref());
+    render(
+        dep,
+        Observed {
+            topology,
+            model_ready,
+        },
+        &Platform::with_images(images()),
+    )
+    .unwrap()
+}
+
+fn find<'a>(r: &'a Rendered, kind: Kind, name: &str) -> &'a Value {
+    &r.children
+        .iter()
+        .find(|c| c.kind == kind && c.name == name)
+        .unwrap_or_else(|| panic!("no {kind:?} {name}"))
+        .object
+}
+
+fn container<'a>(pod: &'a Value, list: &str, name: &str) -> &'a Value {
+    pod["spec"][list]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no {list} container {name}"))
+}
+
+fn env_value(c: &Value, name: &str) -> Option<String> {
+    c["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)
+        .and_then(|e| e["value"].as_str().map(str::to_owned))
+}
+
+fn args(c: &Value, key: &str) -> Vec<String> {
+    c[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn flag(args: &[String], name: &str) -> Option<String> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+/// The rendered children of every example, one YAML file per example folder, compared
+/// with the reviewed snapshot in `operator/snapshots/`. `INFERA_UPDATE_SNAPSHOTS=1`
+/// rewrites them (then review the diff like code).
+#[test]
+fn every_example_renders_its_reviewed_snapshot() {
+    let update = std::env::var_os("INFERA_UPDATE_SNAPSHOTS").is_some();
+    let mut examples: Vec<PathBuf> = std::fs::read_dir(repo().join("examples"))
+        .unwrap()
+        .map(|e| e.unwrap().path().join("deployment.yaml"))
+        .filter(|p| p.exists())
+        .collect();
+    examples.sort();
+    assert!(examples.len() >= 8, "examples: {examples:?}");
+    let mut stale = Vec::new();
+    for path in &examples {
+        let folder = path
+            .parent()
+            .unwrap()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let (deps, topos) = load(path);
+        let mut out = format!(
+            "# Rendered by the operator from examples/{folder}/deployment.yaml (namespace infera);\n# regenerate with INFERA_UPDATE_SNAPSHOTS=1 cargo test -p infera-operator snapshot.\n"
+        );
+        for dep in &deps {
+            for child in render_example(dep, &topos, true).children {
+                out.push_str("---\n");
+                out.push_str(&serde_saphyr::to_string(&child.object).unwrap());
+            }
+        }
+        let snapshot = repo()
+            .join("operator/snapshots")
+            .join(format!("{folder}.yaml"));
+        if update {
+            std::fs::create_dir_all(snapshot.parent().unwrap()).unwrap();
+            std::fs::write(&snapshot, &out).unwrap();
+        } else if std::fs::read_to_string(&snapshot).ok().as_deref() != Some(out.as_str()) {
+            stale.push(snapshot.display().to_string());
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "snapshots differ from the rendered objects (review, then INFERA_UPDATE_SNAPSHOTS=1): {stale:?}"
+    );
+}
+
+#[test]
+fn every_child_is_labelled_and_owned_by_its_deployment() {
+    for folder in [
+        "sim",
+        "vllm-2p1d-mooncake",
+        "vllm-mixed-fp8-mi355x",
+        "multi-node-worker",
+    ] {
+        let (deps, topos) = load(&repo().join("examples").join(folder).join("deployment.yaml"));
+        for dep in &deps {
+            let name = dep.metadata.name.clone().unwrap();
+            for child in render_example(dep, &topos, true).children {
+                let meta = &child.object["metadata"];
+                assert_eq!(meta["namespace"], "infera");
+                assert_eq!(
+                    meta["labels"]["infera.amd.com/deployment"],
+                    name.as_str(),
+                    "{} {}",
+                    folder,
+                    child.name
+                );
+                assert_eq!(
+                    meta["labels"]["app.kubernetes.io/managed-by"],
+                    "infera-operator"
+                );
+                let owners = meta["ownerReferences"].as_array();
+                if child.kind == Kind::PersistentVolumeClaim {
+                    assert!(owners.is_none(), "the model cache outlives the deployment");
+                    continue;
+                }
+                let owner = &owners.unwrap_or_else(|| panic!("{} has no owner", child.name))[0];
+                assert_eq!(owner["kind"], "InferaDeployment");
+                assert_eq!(owner["uid"], format!("uid-{name}").as_str());
+                assert_eq!(owner["controller"], true);
+                assert_eq!(owner["blockOwnerDeletion"], true);
+            }
+        }
+    }
+}
+
+#[test]
+fn an_mi355x_engine_pod_gets_gpus_rdma_roce_env_shm_probes_and_the_drain() {
+    let (deps, topos) = load(&repo().join("examples/sglang-1p1d-mori/deployment.yaml"));
+    let r = render_example(&deps[0], &topos, true);
+    let sts = find(&r, Kind::StatefulSet, "deepseek-r1-prefill");
+    let pod = &sts["spec"]["template"];
+    let engine = container(pod, "containers", "engine");
+    let limits = &engine["resources"]["limits"];
+    assert_eq!(limits["amd.com/gpu"], "8");
+    assert_eq!(limits["rdma/hca"], "8");
+    assert_eq!(
+        engine["resources"]["requests"]["rdma/hca"], "8",
+        "extended resources: requests equal limits"
+    );
+    for name in ["MC_GID_INDEX", "NCCL_IB_GID_INDEX", "MORI_IB_GID_INDEX"] {
+        assert_eq!(env_value(engine, name).as_deref(), Some("1"), "{name}");
+    }
+    assert_eq!(
+        engine["securityContext"]["capabilities"]["add"],
+        json!(["IPC_LOCK"])
+    );
+    let cmd = args(engine, "command");
+    assert_eq!(&cmd[..3], ["python3", "-m", "sglang.launch_server"]);
+    assert_eq!(
+        flag(&cmd, "--model-path").as_deref(),
+        Some("/model-store/deepseek-ai/DeepSeek-R1")
+    );
+    assert_eq!(
+        flag(&cmd, "--disaggregation-mode").as_deref(),
+        Some("prefill")
+    );
+    assert_eq!(
+        flag(&cmd, "--disaggregation-transfer-backend").as_deref(),
+        Some("mori")
+    );
+    assert_eq!(flag(&cmd, "--tp-size").as_deref(), Some("8"));
+    assert_eq!(flag(&cmd, "--kv-cache-dtype").as_deref(), Some("fp8_e4m3"));
+    assert!(
+        cmd.contains(&"--kv-events-config".to_owned()),
+        "kv-aware routing: KV events on"
+    );
+    let user = cmd.iter().position(|a| a == "--trust-remote-code").unwrap();
+    assert!(
+        user > cmd
+            .iter()
+            .position(|a| a == "--disaggregation-mode")
+            .unwrap(),
+        "the user's args come after the rendered ones"
+    );
+    // Startup budget 3600 s at one check every 10 s.
+    assert_eq!(engine["startupProbe"]["failureThreshold"], 360);
+    assert_eq!(engine["startupProbe"]["httpGet"]["path"], "/health");
+    assert_eq!(engine["readinessProbe"]["httpGet"]["path"], "/health");
+    assert_eq!(
+        engine["lifecycle"]["preStop"]["httpGet"],
+        json!({"path": "/drain", "port": 8090})
+    );
+    assert_eq!(pod["spec"]["terminationGracePeriodSeconds"], 90);
+    let shm = pod["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "dshm")
+        .unwrap();
+    assert_eq!(
+        shm["emptyDir"],
+        json!({"medium": "Memory", "sizeLimit": "64Gi"})
+    );
+    let names: Vec<&str> = engine["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        &names[..4],
+        ["POD_NAME", "POD_NAMESPACE", "POD_IP", "NODE_NAME"]
+    );
+    let sidecar = container(pod, "initContainers", "sidecar");
+    assert_eq!(sidecar["restartPolicy"], "Always", "a native sidecar");
+    let sargs = args(sidecar, "args");
+    assert_eq!(&sargs[..2], ["sglang", "--attach"]);
+    assert_eq!(
+        flag(&sargs, "--advertise-host").as_deref(),
+        Some("$(POD_IP)")
+    );
+    assert_eq!(
+        flag(&sargs, "--discovery-backend").as_deref(),
+        Some("kubernetes")
+    );
+    assert_eq!(
+        flag(&sargs, "--disaggregation-mode").as_deref(),
+        Some("prefill"),
+        "the sidecar reads the engine's flags"
+    );
+    assert!(
+        !sargs.contains(&"--disaggregation-allow-tcp".to_owned()),
+        "RDMA is on"
+    );
+    // PDB, headless service, and a rollout that replaces one pod at a time.
+    assert_eq!(
+        find(&r, Kind::PodDisruptionBudget, "deepseek-r1-prefill")["spec"]["maxUnavailable"],
+        1
+    );
+    assert_eq!(
+        find(&r, Kind::Service, "deepseek-r1-prefill")["spec"]["clusterIP"],
+        "None"
+    );
+    assert_eq!(sts["spec"]["updateStrategy"]["type"], "RollingUpdate");
+    assert_eq!(sts["spec"]["replicas"], 2, "replicas 2 of a 1P1D topology");
+}
+
+#[test]
+fn topology_units_scale_with_replicas_and_keep_the_ratio() {
+    let (mut deps, topos) = load(&repo().join("examples/vllm-2p1d-mooncake/deployment.yaml"));
+    let r = render_example(&deps[0], &topos, true);
+    assert_eq!(
+        find(&r, Kind::StatefulSet, "qwen3-235b-prefill")["spec"]["replicas"],
+        2
+    );
+    assert_eq!(
+        find(&r, Kind::StatefulSet, "qwen3-235b-decode")["spec"]["replicas"],
+        1
+    );
+    deps[0].spec.replicas = 3;
+    let r = render_example(&deps[0], &topos, true);
+    assert_eq!(
+        find(&r, Kind::StatefulSet, "qwen3-235b-prefill")["spec"]["replicas"],
+        6
+    );
+    assert_eq!(
+        find(&r, Kind::StatefulSet, "qwen3-235b-decode")["spec"]["replicas"],
+        3
+    );
+    assert_eq!(r.unit, vec![(Role::Prefill, 2), (Role::Decode, 1)]);
+    let pod = &find(&r, Kind::StatefulSet, "qwen3-235b-decode")["spec"]["template"];
+    let cmd = args(container(pod, "containers", "engine"), "command");
+    let config: Value = serde_json::from_str(&flag(&cmd, "--kv-transfer-config").unwrap()).unwrap();
+    assert_eq!(config["kv_connector"], "MooncakeConnector");
+    assert_eq!(config["kv_role"], "kv_consumer");
+    assert_eq!(config["engine_id"], "$(POD_NAME)");
+    assert_eq!(
+        flag(&cmd, "--tensor-parallel-size").as_deref(),
+        Some("8"),
+        "the decode role's parallelism"
+    );
+    assert!(cmd.contains(&"--enable-expert-parallel".to_owned()));
+}
+
+#[test]
+fn a_hugging_face_model_is_downloaded_before_workers_start() {
+    let (deps, topos) = load(&repo().join("examples/vllm-mixed-fp8-mi355x/deployment.yaml"));
+    let waiting = render_example(&deps[0], &topos, false);
+    assert_eq!(
+        waiting.download_job.as_deref(),
+        Some("llama-70b-model-download")
+    );
+    assert_eq!(
+        find(&waiting, Kind::StatefulSet, "llama-70b-mixed")["spec"]["replicas"],
+        0
+    );
+    assert_eq!(waiting.roles[0].desired, 4);
+    let job = find(&waiting, Kind::Job, "llama-70b-model-download");
+    let c = &job["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        c["image"], "rocm/vllm:latest",
+        "the vendor image carries huggingface_hub"
+    );
+    assert_eq!(
+        env_value(c, "HF_MODEL_ID").as_deref(),
+        Some("amd/Llama-3.1-70B-Instruct-FP8-KV")
+    );
+    let token = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "HF_TOKEN")
+        .unwrap();
+    assert_eq!(
+        token["valueFrom"]["secretKeyRef"],
+        json!({"name": "hf-token", "key": "token", "optional": false})
+    );
+    let pvc = find(
+        &waiting,
+        Kind::PersistentVolumeClaim,
+        "llama-70b-model-cache",
+    );
+    assert_eq!(pvc["spec"]["resources"]["requests"]["storage"], "300Gi");
+    let ready = render_example(&deps[0], &topos, true);
+    assert_eq!(
+        find(&ready, Kind::StatefulSet, "llama-70b-mixed")["spec"]["replicas"],
+        4
+    );
+    let gw = find(&ready, Kind::Deployment, "llama-70b-gateway");
+    let gargs = args(&gw["spec"]["template"]["spec"]["containers"][0], "args");
+    assert_eq!(flag(&gargs, "--router-policy").as_deref(), Some("kv-aware"));
+    assert_eq!(flag(&gargs, "--kv-overlap-weight").as_deref(), Some("4"));
+    assert_eq!(
+        flag(&gargs, "--router-tokenizer-path").as_deref(),
+        Some("/model-store/amd/Llama-3.1-70B-Instruct-FP8-KV")
+    );
+    assert_eq!(
+        flag(&gargs, "--k8s-label-selector").as_deref(),
+        Some("infera.amd.com/deployment=llama-70b,app.kubernetes.io/component=engine")
+    );
+    assert_eq!(
+        find(&ready, Kind::Service, "llama-70b-gateway")["spec"]["type"],
+        "LoadBalancer"
+    );
+    assert_eq!(
+        ready.gateway_endpoint,
+        "http://llama-70b-gateway.infera:8000"
+    );
+    let role = find(&ready, Kind::Role, "llama-70b-infera");
+    assert_eq!(
+        role["rules"][0]["verbs"],
+        json!(["get", "list", "watch", "patch"])
+    );
+}
+
+#[test]
+fn a_worker_spanning_nodes_is_a_leader_worker_set() {
+    let (deps, topos) = load(&repo().join("examples/multi-node-worker/deployment.yaml"));
+    let r = render_example(&deps[0], &topos, true);
+    assert!(r.children.iter().all(|c| c.kind != Kind::StatefulSet));
+    let lws = find(&r, Kind::LeaderWorkerSet, "r1-two-node-mixed");
+    assert_eq!(lws["apiVersion"], "leaderworkerset.x-k8s.io/v1");
+    assert_eq!(lws["spec"]["leaderWorkerTemplate"]["size"], 2);
+    let leader = &lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"];
+    let worker = &lws["spec"]["leaderWorkerTemplate"]["workerTemplate"];
+    assert!(
+        leader["spec"]["initContainers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["name"] == "sidecar")
+    );
+    assert!(
+        worker["spec"].get("initContainers").is_none(),
+        "followers do not register"
+    );
+    let cmd = args(container(leader, "containers", "engine"), "command");
+    assert_eq!(flag(&cmd, "--nnodes").as_deref(), Some("2"));
+    assert_eq!(
+        flag(&cmd, "--dist-init-addr").as_deref(),
+        Some("$(LWS_LEADER_ADDRESS):20000")
+    );
+    // TP 16 over 2 nodes: 8 GPUs per pod.
+    assert_eq!(
+        container(worker, "containers", "engine")["resources"]["limits"]["amd.com/gpu"],
+        "8"
+    );
+}
+
+#[test]
+fn simulated_engines_run_the_simulator_without_gpus() {
+    let (deps, topos) = load(&repo().join("examples/sim/deployment.yaml"));
+    let pd = deps
+        .iter()
+        .find(|d| d.metadata.name.as_deref() == Some("sim-pd"))
+        .unwrap();
+    let r = render_example(pd, &topos, true);
+    let pod = &find(&r, Kind::StatefulSet, "sim-pd-decode")["spec"]["template"];
+    let engine = container(pod, "containers", "engine");
+    assert_eq!(engine["image"], "registry.example/infera/infera-sim:test");
+    let cmd = args(engine, "command");
+    assert_eq!(cmd[0], "infera-sim");
+    assert_eq!(flag(&cmd, "--engine").as_deref(), Some("vllm"));
+    let config: Value = serde_json::from_str(&flag(&cmd, "--kv-transfer-config").unwrap()).unwrap();
+    assert_eq!(config["kv_connector"], "MoRIIOConnector");
+    assert_eq!(config["kv_connector_extra_config"]["read_mode"], true);
+    assert_eq!(
+        env_value(engine, "VLLM_MORIIO_CONNECTOR_READ_MODE").as_deref(),
+        Some("1")
+    );
+    assert!(
+        engine["resources"].get("limits").is_none(),
+        "no GPUs or RDMA devices"
+    );
+    let sidecar = container(pod, "initContainers", "sidecar");
+    assert_eq!(
+        sidecar["image"],
+        "registry.example/infera/infera-engine-sidecar:test"
+    );
+    let sargs = args(sidecar, "args");
+    assert_eq!(sargs[0], "sim");
+    assert!(
+        sargs.contains(&"--disaggregation-allow-tcp".to_owned()),
+        "no RDMA: TCP is expected"
+    );
+    assert_eq!(
+        env_value(sidecar, "VLLM_MORIIO_CONNECTOR_READ_MODE").as_deref(),
+        Some("1"),
+        "the sidecar detects read mode from its env"
+    );
+}
+
+#[test]
+fn kvd_joins_the_pod_with_a_shared_socket_when_on() {
+    let (mut deps, topos) = load(&repo().join("examples/sim/deployment.yaml"));
+    let dep = &mut deps[0];
+    dep.spec.kv_cache.enabled = true;
+    dep.spec.kv_cache.nvme = Some(crate::api::NvmeTier {
+        path: "/mnt/nvme/kv".into(),
+        size: k8s_openapi::apimachinery::pkg::api::resource::Quantity("1Ti".into()),
+    });
+    let r = render_example(dep, &topos, true);
+    let pod = &find(&r, Kind::StatefulSet, "sim-mixed-mixed")["spec"]["template"];
+    let kvd = container(pod, "initContainers", "kvd");
+    assert_eq!(kvd["restartPolicy"], "Always");
+    let kargs = args(kvd, "args");
+    assert_eq!(
+        flag(&kargs, "--socket").as_deref(),
+        Some("/run/infera-kvd/kvd.sock")
+    );
+    assert_eq!(flag(&kargs, "--nvme-size").as_deref(), Some("1Ti"));
+    let engine = container(pod, "containers", "engine");
+    assert_eq!(
+        env_value(engine, "INFERA_KVD_SOCKET").as_deref(),
+        Some("/run/infera-kvd/kvd.sock")
+    );
+    assert!(
+        engine["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["name"] == "kvd-socket")
+    );
+}
+
+#[test]
+fn what_cannot_work_is_a_reason_not_a_panic() {
+    let (deps, topos) = load(&repo().join("examples/sglang-1p1d-mori/deployment.yaml"));
+    let none = render(
+        &deps[0],
+        Observed {
+            topology: None,
+            model_ready: true,
+        },
+        &Platform::with_images(images()),
+    )
+    .unwrap_err();
+    assert_eq!(none.reason(), "TopologyNotFound");
+    let mut atom = deps[0].clone();
+    atom.spec.engine.kind = crate::api::EngineKind::Atom;
+    let e = render(
+        &atom,
+        Observed {
+            topology: topos.first(),
+            model_ready: true,
+        },
+        &Platform::with_images(images()),
+    )
+    .unwrap_err();
+    assert_eq!(e.reason(), "UnsupportedTransport");
+    assert!(e.to_string().contains("mooncake"), "{e}");
+    let mut long = deps[0].clone();
+    long.metadata.name = Some("x".repeat(41));
+    assert_eq!(
+        render(
+            &long,
+            Observed {
+                topology: topos.first(),
+                model_ready: true
+            },
+            &Platform::with_images(images())
+        )
+        .unwrap_err()
+        .reason(),
+        "NameTooLong"
+    );
+}
+
+#[test]
+fn etcd_and_nats_without_endpoints_use_the_cluster_ones_or_say_what_is_missing() {
+    let (mut deps, topos) = load(&repo().join("examples/sim/deployment.yaml"));
+    let dep = &mut deps[0];
+    dep.spec.discovery.backend = crate::api::DiscoveryBackend::Etcd;
+    dep.spec.messaging.backend = crate::api::MessagingBackend::Nats;
+    let bare = Platform::with_images(images());
+    let e = render(
+        dep,
+        Observed {
+            topology: None,
+            model_ready: true,
+        },
+        &bare,
+    )
+    .unwrap_err();
+    assert_eq!(e.reason(), "EtcdEndpointsMissing");
+    assert!(e.to_string().contains("etcd.enabled=true"), "{e}");
+    let platform = Platform {
+        etcd_endpoints: vec![
+            "http://infera-etcd-0.infera-etcd-peers.infera-system.svc:2379".into(),
+        ],
+        ..bare.clone()
+    };
+    let e = render(
+        dep,
+        Observed {
+            topology: None,
+            model_ready: true,
+        },
+        &platform,
+    )
+    .unwrap_err();
+    assert_eq!(e.reason(), "NatsUrlMissing");
+    let platform = Platform {
+        nats_url: Some("nats://infera-nats.infera-system.svc:4222".into()),
+        ..platform
+    };
+    let r = render(
+        dep,
+        Observed {
+            topology: topos.first(),
+            model_ready: true,
+        },
+        &platform,
+    )
+    .unwrap();
+    let gw = find(&r, Kind::Deployment, "sim-mixed-gateway");
+    let gargs = args(&gw["spec"]["template"]["spec"]["containers"][0], "args");
+    assert_eq!(
+        flag(&gargs, "--etcd-endpoint").as_deref(),
+        Some("http://infera-etcd-0.infera-etcd-peers.infera-system.svc:2379")
+    );
+    assert_eq!(
+        flag(&gargs, "--nats-server").as_deref(),
+        Some("nats://infera-nats.infera-system.svc:4222")
+    );
+    let pod = &find(&r, Kind::StatefulSet, "sim-mixed-mixed")["spec"]["template"];
+    let sargs = args(container(pod, "initContainers", "sidecar"), "args");
+    assert_eq!(
+        flag(&sargs, "--kv-event-transport").as_deref(),
+        Some("nats")
+    );
+    assert!(
+        r.children.iter().all(|c| c.kind != Kind::Role),
+        "no Pod RBAC without Kubernetes discovery"
+    );
+}

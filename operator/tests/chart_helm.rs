@@ -1,0 +1,278 @@
+//! The Helm chart as users install it: `helm lint --strict`, `helm template` with the
+//! defaults and every `ci/*.yaml`, invalid values refused by `values.schema.json`, and
+//! `helm install` into the real kube-apiserver from `testenv/` (objects accepted, CRDs
+//! present). The chart's RBAC is exercised by the operator tests, which act as its
+//! ServiceAccount (`support::operator_kubeconfig`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use serde_json::Value;
+use std::path::PathBuf;
+use support::{helm, repo};
+
+fn chart() -> String {
+    repo().join("charts/infera").to_string_lossy().into_owned()
+}
+
+fn ci_values() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("charts/infera/ci"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn template(extra: &[&str]) -> Vec<Value> {
+    let chart = chart();
+    let mut args = vec![
+        "template",
+        "infera",
+        chart.as_str(),
+        "-n",
+        "infera-system",
+        "--kube-version",
+        "1.33.0",
+    ];
+    args.extend_from_slice(extra);
+    let (ok, out, err) = helm(&args);
+    assert!(ok, "helm template {extra:?}: {err}");
+    serde_saphyr::from_multiple::<Value>(&out)
+        .unwrap()
+        .into_iter()
+        .filter(|d| !d.is_null())
+        .collect()
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+#[test]
+fn the_chart_lints_strictly_and_renders_with_every_values_file() {
+    let (ok, out, err) = helm(&["lint", "--strict", &chart()]);
+    assert!(ok, "helm lint --strict: {out}{err}");
+    for file in ci_values() {
+        let f = file.to_string_lossy().into_owned();
+        let (ok, out, err) = helm(&["lint", "--strict", &chart(), "-f", &f]);
+        assert!(ok, "helm lint --strict -f {f}: {out}{err}");
+        let docs = template(&["-f", &f]);
+        assert!(
+            docs.iter().any(|d| d["kind"] == "Deployment"),
+            "{f}: no operator Deployment"
+        );
+    }
+    // Defaults: a hardened operator with leader election, and nothing optional.
+    let docs = template(&[]);
+    let op = find(&docs, "Deployment", "infera-operator");
+    let pod = &op["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    let c = &pod["containers"][0];
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+    assert_eq!(
+        c["securityContext"]["capabilities"]["drop"],
+        serde_json::json!(["ALL"])
+    );
+    assert_eq!(c["image"], "ghcr.io/infera/infera-operator:0.1.0");
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(args.contains(&"--leader-elect=true"), "{args:?}");
+    assert!(
+        c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+            && c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    );
+    assert!(
+        docs.iter().all(|d| d["kind"] != "StatefulSet"),
+        "etcd and NATS are opt-in"
+    );
+    assert_eq!(
+        find(&docs, "ClusterRole", "infera-operator")["rules"]
+            .as_array()
+            .unwrap()
+            .len(),
+        12
+    );
+    // Bundled etcd and NATS become the deployments' default endpoints.
+    let docs = template(&[
+        "-f",
+        &repo()
+            .join("charts/infera/ci/bundled-etcd-nats.yaml")
+            .to_string_lossy(),
+    ]);
+    let etcd = find(&docs, "StatefulSet", "infera-etcd");
+    assert_eq!(etcd["spec"]["replicas"], 3);
+    assert!(etcd["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"].is_array());
+    assert_eq!(
+        etcd["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"],
+        "4Gi"
+    );
+    let args = find(&docs, "Deployment", "infera-operator")["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(args.contains("--default-etcd-endpoints=http://infera-etcd-0.infera-etcd-peers.infera-system.svc:2379,"), "{args}");
+    assert!(
+        args.contains("--default-nats-url=nats://infera-nats.infera-system.svc:4222"),
+        "{args}"
+    );
+    for name in ["infera-etcd", "infera-nats", "infera-gateways"] {
+        assert!(
+            docs.iter()
+                .any(|d| d["kind"] == "NetworkPolicy" && d["metadata"]["name"] == name),
+            "NetworkPolicy {name}"
+        );
+    }
+    // One namespace: a Role there, not a ClusterRole.
+    let docs = template(&[
+        "-f",
+        &repo()
+            .join("charts/infera/ci/single-namespace.yaml")
+            .to_string_lossy(),
+    ]);
+    assert!(docs.iter().all(|d| d["kind"] != "ClusterRole"));
+    assert_eq!(
+        find(&docs, "Role", "infera-operator")["metadata"]["namespace"],
+        "inference"
+    );
+    // Monitoring: a ServiceMonitor, a PodMonitor, and the dashboard as valid JSON.
+    let docs = template(&[
+        "-f",
+        &repo()
+            .join("charts/infera/ci/monitoring.yaml")
+            .to_string_lossy(),
+    ]);
+    assert!(
+        docs.iter().any(|d| d["kind"] == "ServiceMonitor")
+            && docs.iter().any(|d| d["kind"] == "PodMonitor")
+    );
+    let dashboard = find(&docs, "ConfigMap", "infera-dashboard")["data"]["infera.json"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let dashboard: Value = serde_json::from_str(&dashboard).unwrap();
+    assert!(dashboard["panels"].as_array().unwrap().len() >= 10);
+}
+
+#[test]
+fn bad_values_are_refused_with_the_field_named() {
+    let cases: [(&str, &str); 5] = [
+        ("etcd.replicas=2", "/etcd/replicas"),
+        ("operator.logFormat=xml", "/operator/logFormat"),
+        ("operator.replicas=0", "/operator/replicas"),
+        ("image.registry=", "/image/registry"),
+        (
+            "nats.jetstream.storageSize=lots",
+            "/nats/jetstream/storageSize",
+        ),
+    ];
+    let chart = chart();
+    for (set, field) in cases {
+        let (ok, _, err) = helm(&[
+            "template",
+            "infera",
+            &chart,
+            "--kube-version",
+            "1.33.0",
+            "--set",
+            set,
+        ]);
+        assert!(!ok, "--set {set} was accepted");
+        assert!(err.contains(field), "--set {set}: {err}");
+    }
+    let (ok, _, err) = helm(&[
+        "template",
+        "infera",
+        &chart,
+        "--kube-version",
+        "1.33.0",
+        "--set",
+        "operatr.replicas=1",
+    ]);
+    assert!(
+        !ok && err.contains("operatr"),
+        "a misspelt key is refused: {err}"
+    );
+}
+
+#[tokio::test]
+async fn helm_install_is_accepted_by_the_api_server() {
+    let client = infera_testkit::kube_client().await.unwrap();
+    let kubeconfig = infera_testkit::kubeconfig().await.unwrap();
+    let ns = infera_testkit::unique_name("helm");
+    let release = format!("infera-{}", std::process::id());
+    let kc = kubeconfig.to_string_lossy().into_owned();
+    let chart = chart();
+    let (ok, out, err) = helm(&[
+        "install",
+        &release,
+        &chart,
+        "--kubeconfig",
+        &kc,
+        "-n",
+        &ns,
+        "--create-namespace",
+        "--set",
+        "etcd.enabled=true",
+        "--set",
+        "nats.enabled=true",
+        "--set",
+        "networkPolicy.enabled=true",
+    ]);
+    assert!(ok, "helm install: {out}{err}");
+    assert!(out.contains("Next: serve a model"), "NOTES.txt: {out}");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for name in [
+        "inferadeployments.infera.amd.com",
+        "pdtopologies.infera.amd.com",
+    ] {
+        assert!(crds.get_opt(name).await.unwrap().is_some(), "CRD {name}");
+    }
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    assert!(
+        deployments
+            .get_opt(&format!("{release}-operator"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    assert_eq!(
+        sets.get(&format!("{release}-etcd"))
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .replicas,
+        Some(3)
+    );
+    assert!(
+        sets.get_opt(&format!("{release}-nats"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let (ok, out, err) = helm(&["uninstall", &release, "--kubeconfig", &kc, "-n", &ns]);
+    assert!(ok, "helm uninstall: {out}{err}");
+    assert!(
+        crds.get_opt("inferadeployments.infera.amd.com")
+            .await
+            .unwrap()
+            .is_some(),
+        "uninstall keeps the CRDs"
+    );
+    support::drop_namespace(&client, &ns).await;
+}
