@@ -568,8 +568,11 @@ async fn prepares_each_engines_argv_and_env_exactly() {
             "--kv-events-config".into(),
             kv.into(),
         ]);
-        if engine != "atom" {
-            expected.extend(["--kv-cache-dtype".into(), "fp8".into()]);
+        // SGLang names the FP8 format (its --kv-cache-dtype has no plain `fp8`).
+        match engine {
+            "vllm" => expected.extend(["--kv-cache-dtype".into(), "fp8".into()]),
+            "sglang" => expected.extend(["--kv-cache-dtype".into(), "fp8_e4m3".into()]),
+            _ => {}
         }
         if engine == "sglang" {
             expected.push("--enable-metrics".into());
