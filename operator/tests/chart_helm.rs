@@ -265,6 +265,26 @@ async fn helm_install_is_accepted_by_the_api_server() {
             .unwrap()
             .is_some()
     );
+    // The documented upgrade path: CRDs first (Helm never upgrades them), then the release.
+    let upgrade = std::process::Command::new(repo().join("scripts/upgrade-crds"))
+        .args(["--kubeconfig", &kc])
+        .env("KUBECTL", support::kubectl_bin())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&upgrade.stderr);
+    assert!(upgrade.status.success(), "scripts/upgrade-crds: {said}");
+    assert!(said.contains("CRDs are current"), "{said}");
+    let (ok, out, err) = helm(&[
+        "upgrade",
+        &release,
+        &chart,
+        "--kubeconfig",
+        &kc,
+        "-n",
+        &ns,
+        "--reuse-values",
+    ]);
+    assert!(ok, "helm upgrade: {out}{err}");
     let (ok, out, err) = helm(&["uninstall", &release, "--kubeconfig", &kc, "-n", &ns]);
     assert!(ok, "helm uninstall: {out}{err}");
     assert!(

@@ -11,6 +11,7 @@ pub mod gateway;
 pub mod model;
 pub mod names;
 pub mod pod;
+pub mod quantity;
 pub mod workers;
 
 use crate::api::resolve::{ResolveError, Workers, gpus_per_worker, resolve_workers};
@@ -101,6 +102,27 @@ pub fn with_platform_endpoints(
         }
     }
     Ok(spec)
+}
+
+/// kvd takes byte counts: its sizes must be whole bytes.
+fn check_kv_cache_sizes(spec: &InferaDeploymentSpec) -> Result<(), RenderError> {
+    let kv = &spec.kv_cache;
+    if !kv.enabled {
+        return Ok(());
+    }
+    let mut sizes = vec![("spec.kvCache.ram", &kv.ram.0)];
+    if let Some(nvme) = &kv.nvme {
+        sizes.push(("spec.kvCache.nvme.size", &nvme.size.0));
+    }
+    for (field, value) in sizes {
+        if quantity::bytes(value).is_none_or(|b| b == 0) {
+            return Err(RenderError::Quantity {
+                field,
+                value: value.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The image of the engine container.
@@ -284,6 +306,14 @@ pub enum RenderError {
         "spec.messaging.backend is nats but spec.messaging.natsUrl is unset and the operator knows no cluster NATS (install the chart with nats.enabled=true, or set natsUrl)"
     )]
     NoNats,
+    /// A size that is not a number of bytes.
+    #[error("{field} {value:?} is not a number of bytes (use e.g. 64Gi or 500G)")]
+    Quantity {
+        /// The field.
+        field: &'static str,
+        /// What it holds.
+        value: String,
+    },
     /// The object was never stored (no uid for owner references).
     #[error("the InferaDeployment has no uid or namespace yet")]
     NotStored,
@@ -299,6 +329,7 @@ impl RenderError {
             Self::NameTooLong(_) => "NameTooLong",
             Self::NoEtcd => "EtcdEndpointsMissing",
             Self::NoNats => "NatsUrlMissing",
+            Self::Quantity { .. } => "InvalidQuantity",
             Self::NotStored => "NotStored",
         }
     }
@@ -381,6 +412,7 @@ pub fn render(
     // Foreground deletion of the deployment waits for its children.
     owner.block_owner_deletion = Some(true);
     let spec = with_platform_endpoints(&idep.spec, platform)?;
+    check_kv_cache_sizes(&spec)?;
     let spec = &spec;
     let topology = observed.topology;
     let workers = resolve_workers(

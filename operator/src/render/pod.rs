@@ -29,6 +29,8 @@ pub const GRACE_MARGIN_SECONDS: i64 = 30;
 pub const STARTUP_PERIOD_SECONDS: i32 = 10;
 /// kvd's socket folder, shared by the engine and kvd containers.
 pub const KVD_SOCKET_DIR: &str = "/run/infera-kvd";
+/// Where kvd's NVMe tier is mounted.
+pub const KVD_NVME_DIR: &str = "/var/lib/infera-kvd";
 
 /// Where in a multi-node worker a pod sits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -292,37 +294,44 @@ fn mount(name: &str, path: &str) -> VolumeMount {
     }
 }
 
-fn kvd_container(spec: &InferaDeploymentSpec, images: &Images) -> Container {
+/// kvd's flags (the earlier daemon's): the RAM budget is both `--max-bytes` and the
+/// shared arena engines map; NVMe is the `long` tier; the distributed tier is its URL.
+fn kvd_args(spec: &InferaDeploymentSpec) -> Vec<String> {
     let kv = &spec.kv_cache;
-    let retention = serde_json::to_value(kv.default_retention)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_else(|| "long".into());
+    let ram = super::quantity::bytes(&kv.ram.0).unwrap_or(0).to_string();
     let mut args = vec![
         "--socket".into(),
         format!("{KVD_SOCKET_DIR}/kvd.sock"),
-        "--ram".into(),
-        kv.ram.0.clone(),
-        "--default-retention".into(),
-        retention,
+        "--max-bytes".into(),
+        ram.clone(),
+        "--shared-arena-bytes".into(),
+        ram,
     ];
-    let mut mounts = vec![mount("kvd-socket", KVD_SOCKET_DIR)];
     if let Some(nvme) = &kv.nvme {
+        let bytes = super::quantity::bytes(&nvme.size.0).unwrap_or(0);
         args.extend([
-            "--nvme-dir".into(),
-            "/var/lib/infera-kvd".into(),
-            "--nvme-size".into(),
-            nvme.size.0.clone(),
+            "--long-path".into(),
+            KVD_NVME_DIR.into(),
+            "--long-bytes".into(),
+            bytes.to_string(),
         ]);
-        mounts.push(mount("kvd-nvme", "/var/lib/infera-kvd"));
     }
     if let Some(url) = &kv.remote_url {
-        args.extend(["--remote".into(), url.clone()]);
+        args.extend(["--remote-url".into(), url.clone()]);
+    }
+    args
+}
+
+fn kvd_container(spec: &InferaDeploymentSpec, images: &Images) -> Container {
+    let kv = &spec.kv_cache;
+    let mut mounts = vec![mount("kvd-socket", KVD_SOCKET_DIR)];
+    if kv.nvme.is_some() {
+        mounts.push(mount("kvd-nvme", KVD_NVME_DIR));
     }
     Container {
         name: "kvd".into(),
         image: Some(images.kvd.clone()),
-        args: Some(args),
+        args: Some(kvd_args(spec)),
         restart_policy: Some("Always".into()),
         volume_mounts: Some(mounts),
         security_context: Some(restricted_security()),

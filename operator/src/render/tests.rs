@@ -488,7 +488,24 @@ fn kvd_joins_the_pod_with_a_shared_socket_when_on() {
         flag(&kargs, "--socket").as_deref(),
         Some("/run/infera-kvd/kvd.sock")
     );
-    assert_eq!(flag(&kargs, "--nvme-size").as_deref(), Some("1Ti"));
+    assert_eq!(
+        flag(&kargs, "--max-bytes").as_deref(),
+        Some("68719476736"),
+        "64Gi"
+    );
+    assert_eq!(
+        flag(&kargs, "--shared-arena-bytes").as_deref(),
+        Some("68719476736")
+    );
+    assert_eq!(
+        flag(&kargs, "--long-path").as_deref(),
+        Some("/var/lib/infera-kvd")
+    );
+    assert_eq!(
+        flag(&kargs, "--long-bytes").as_deref(),
+        Some("1099511627776"),
+        "1Ti"
+    );
     let engine = container(pod, "containers", "engine");
     assert_eq!(
         env_value(engine, "INFERA_KVD_SOCKET").as_deref(),
@@ -612,5 +629,27 @@ fn etcd_and_nats_without_endpoints_use_the_cluster_ones_or_say_what_is_missing()
     assert!(
         r.children.iter().all(|c| c.kind != Kind::Role),
         "no Pod RBAC without Kubernetes discovery"
+    );
+}
+
+#[test]
+fn a_kv_cache_size_that_is_not_bytes_is_a_reason() {
+    let (mut deps, topos) = load(&repo().join("examples/sim/deployment.yaml"));
+    let dep = &mut deps[0];
+    dep.spec.kv_cache.enabled = true;
+    dep.spec.kv_cache.ram = k8s_openapi::apimachinery::pkg::api::resource::Quantity("500m".into());
+    let e = render(
+        dep,
+        Observed {
+            topology: topos.first(),
+            model_ready: true,
+        },
+        &Platform::with_images(images()),
+    )
+    .unwrap_err();
+    assert_eq!(e.reason(), "InvalidQuantity");
+    assert!(
+        e.to_string().starts_with("spec.kvCache.ram \"500m\""),
+        "{e}"
     );
 }
