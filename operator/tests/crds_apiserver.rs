@@ -8,9 +8,8 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use support::{apply_retrying, drop_namespace, install, kubectl, namespace, repo};
+use support::{apply_retrying, drop_namespace, install, kubectl, namespace};
 
 #[tokio::test]
 async fn every_example_applies_and_scale_and_explain_work() {
@@ -18,12 +17,7 @@ async fn every_example_applies_and_scale_and_explain_work() {
     let kubeconfig = infera_testkit::kubeconfig().await.unwrap();
     install(&client).await;
     let ns = namespace(&client).await;
-    let mut examples: Vec<PathBuf> = std::fs::read_dir(repo().join("examples"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.join("deployment.yaml").exists())
-        .collect();
-    examples.sort();
+    let examples = support::example_dirs();
     assert!(examples.len() >= 7, "{examples:?}");
     for dir in &examples {
         let file = dir.join("deployment.yaml");

@@ -360,12 +360,10 @@ async fn every_example_is_rendered_becomes_ready_scales_and_reconciles_idempoten
     let kubeconfig = infera_testkit::kubeconfig().await.unwrap();
     install(&client).await;
     let ns = namespace(&client).await;
-    let mut examples: Vec<PathBuf> = std::fs::read_dir(repo().join("examples"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.join("deployment.yaml").exists() && !p.ends_with("multi-node-worker"))
+    let examples: Vec<PathBuf> = support::example_dirs()
+        .into_iter()
+        .filter(|p| !p.ends_with("multi-node-worker"))
         .collect();
-    examples.sort();
     let mut names = Vec::new();
     for dir in &examples {
         apply_file(&kubeconfig, &ns, &dir.join("deployment.yaml"));

@@ -47,18 +47,7 @@ fn deployment(i: usize) -> Value {
 
 /// CPU seconds (user + system) of a process.
 fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // USER_HZ (clock ticks per second of /proc) is 100 on Linux x86-64 and arm64.
-    (ticks(11) + ticks(12)) / 100.0
+    super::external::process_cpu(pid).as_secs_f64()
 }
 
 /// Processes whose command name is `name`.

@@ -7,27 +7,8 @@ use infera_operator::api::resolve::{ResolveError, Workers, effective_engine, res
 use infera_operator::api::{EngineKind, InferaDeployment, RoutingPolicy, SimFlavor};
 use infera_proto::pd::PdProtocol;
 
-/// A worker's role.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// Whole requests.
-    Mixed,
-    /// Prefill leg.
-    Prefill,
-    /// Decode leg.
-    Decode,
-}
-
-impl Role {
-    /// The name in records and logs.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Mixed => "mixed",
-            Self::Prefill => "prefill",
-            Self::Decode => "decode",
-        }
-    }
-}
+/// A worker's role (the operator's: mixed, prefill, decode).
+pub use infera_operator::render::names::Role;
 
 /// How a deployment's engines run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

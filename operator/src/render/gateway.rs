@@ -7,10 +7,7 @@ use super::engine::{ENGINE_PORT, MODEL_MOUNT};
 use super::names;
 use super::pod::{model_mount, model_volume, restricted_security};
 use super::{Child, Ctx, Kind, ModelVolume, child};
-use crate::api::{
-    DiscoveryBackend, EngineKind, InferaDeploymentSpec, MessagingBackend, RoutingPolicy,
-    ServiceType,
-};
+use crate::api::{DiscoveryBackend, EngineKind, InferaDeploymentSpec, RoutingPolicy, ServiceType};
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
@@ -133,15 +130,7 @@ pub fn gateway_args(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec, model_path: &str
             args.extend(["--k8s-namespace".into(), ctx.namespace.into()]);
         }
     }
-    if let (MessagingBackend::Nats, Some(url)) = (spec.messaging.backend, &spec.messaging.nats_url)
-    {
-        args.extend([
-            "--kv-event-transport".into(),
-            "nats".into(),
-            "--nats-server".into(),
-            url.clone(),
-        ]);
-    }
+    args.extend(super::nats_args(spec));
     if let Some(tokenizer) = gateway_tokenizer(spec, model_path) {
         args.extend(["--router-tokenizer-path".into(), tokenizer]);
     }

@@ -125,6 +125,20 @@ fn check_kv_cache_sizes(spec: &InferaDeploymentSpec) -> Result<(), RenderError> 
     Ok(())
 }
 
+/// `--kv-event-transport nats --nats-server URL` when KV events go over NATS (the
+/// gateway and the sidecar take the same flags).
+pub fn nats_args(spec: &InferaDeploymentSpec) -> Vec<String> {
+    match (spec.messaging.backend, &spec.messaging.nats_url) {
+        (MessagingBackend::Nats, Some(url)) => vec![
+            "--kv-event-transport".into(),
+            "nats".into(),
+            "--nats-server".into(),
+            url.clone(),
+        ],
+        _ => Vec::new(),
+    }
+}
+
 /// The image of the engine container.
 pub fn engine_image(spec: &crate::api::InferaDeploymentSpec, images: &Images) -> String {
     // The API server requires an image for every kind but sim.

@@ -6,7 +6,7 @@
 use super::engine::{ENGINE_PORT, EngineCommand, KV_EVENTS_PORT, MODEL_MOUNT};
 use super::names::{self, Role};
 use super::{Images, ModelVolume};
-use crate::api::{DiscoveryBackend, EngineKind, InferaDeploymentSpec, MessagingBackend};
+use crate::api::{DiscoveryBackend, EngineKind, InferaDeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
     HTTPGetAction, HostPathVolumeSource, Lifecycle, LifecycleHandler, ObjectFieldSelector,
@@ -174,15 +174,7 @@ fn sidecar_args(
             args.extend(["--k8s-namespace".into(), namespace.into()]);
         }
     }
-    if let (MessagingBackend::Nats, Some(url)) = (spec.messaging.backend, &spec.messaging.nats_url)
-    {
-        args.extend([
-            "--kv-event-transport".into(),
-            "nats".into(),
-            "--nats-server".into(),
-            url.clone(),
-        ]);
-    }
+    args.extend(super::nats_args(spec));
     if let Some(gid) = spec
         .network
         .rdma

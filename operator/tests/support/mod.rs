@@ -57,22 +57,42 @@ pub async fn install(client: &kube::Client) {
         )
         .await
         .unwrap_or_else(|e| panic!("installing {name}: {e}"));
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let got = api.get(&name).await.unwrap();
-            let established = got
+        wait_established(&api, &name).await;
+    }
+}
+
+/// Waits until the API server serves the CRD `name`.
+pub async fn wait_established(api: &Api<CustomResourceDefinition>, name: &str) {
+    eventually(
+        &format!("CRD {name} Established"),
+        Duration::from_secs(30),
+        || async {
+            let crd = api.get(name).await.map_err(|e| e.to_string())?;
+            let established = crd
                 .status
                 .and_then(|s| s.conditions)
                 .unwrap_or_default()
                 .iter()
                 .any(|c| c.type_ == "Established" && c.status == "True");
             if established {
-                break;
+                Ok(())
+            } else {
+                Err("not established".into())
             }
-            assert!(Instant::now() < deadline, "{name} never became Established");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
+        },
+    )
+    .await;
+}
+
+/// Example folders with a `deployment.yaml`, sorted.
+pub fn example_dirs() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(repo().join("examples"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("deployment.yaml").exists())
+        .collect();
+    dirs.sort();
+    dirs
 }
 
 pub async fn namespace(client: &kube::Client) -> String {
@@ -162,29 +182,7 @@ pub async fn install_crd_dir(client: &kube::Client, kubeconfig: &Path, dir: &Pat
         else {
             continue;
         };
-        let name = name.to_owned();
-        eventually(
-            &format!("CRD {name} Established"),
-            Duration::from_secs(30),
-            || {
-                let (api, name) = (api.clone(), name.clone());
-                async move {
-                    let crd = api.get(&name).await.map_err(|e| e.to_string())?;
-                    let ok = crd
-                        .status
-                        .and_then(|s| s.conditions)
-                        .unwrap_or_default()
-                        .iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True");
-                    if ok {
-                        Ok(())
-                    } else {
-                        Err("not established".into())
-                    }
-                }
-            },
-        )
-        .await;
+        wait_established(&api, name).await;
     }
 }
 
