@@ -1,6 +1,5 @@
 # syntax=docker/dockerfile:1
 # Infera kvd image (infera-kvd).
-# The infera-kvd crate is being written; this file builds once it is in the workspace.
 # Build context is the repository root (BuildKit, the default builder since Docker 23):
 #   docker build -f docker/kvd.Dockerfile -t infera-kvd:dev .
 

@@ -13,6 +13,7 @@ pub mod s2;
 pub mod s3;
 pub mod s4;
 pub mod s5;
+pub mod s6;
 pub mod s7;
 pub mod stats;
 pub mod workload;
@@ -37,6 +38,8 @@ pub enum Scenario {
     S4,
     /// Control plane scale (needs --etcd).
     S5,
+    /// kvd RAM tier: arena GET vs inline GET vs memcpy.
+    S6,
     /// Operator scale (needs --kubeconfig of a kube-apiserver with the CRDs installed).
     S7,
 }
@@ -104,6 +107,7 @@ fn scenario_file(s: Scenario) -> &'static str {
         Scenario::S3 => include_str!("../../../bench/scenarios/s3.yaml"),
         Scenario::S4 => include_str!("../../../bench/scenarios/s4.yaml"),
         Scenario::S5 => include_str!("../../../bench/scenarios/s5.yaml"),
+        Scenario::S6 => include_str!("../../../bench/scenarios/s6.yaml"),
         Scenario::S7 => include_str!("../../../bench/scenarios/s7.yaml"),
     }
 }
@@ -267,6 +271,28 @@ fn rows(id: &str, result: &Value) -> (Vec<&'static str>, Vec<Vec<String>>) {
                 })
                 .collect(),
         ),
+        "s6" => (
+            vec![
+                "mode",
+                "hit ratio",
+                "GET GB/s",
+                "GET p50 ms",
+                "GET p99 ms",
+                "put p50 ms",
+            ],
+            runs.iter()
+                .map(|r| {
+                    vec![
+                        r["mode"].as_str().unwrap_or("").to_owned(),
+                        num(&r["hit_ratio"]),
+                        num(&r["get_gb_per_s"]),
+                        num(&r["get_ms"]["p50"]),
+                        num(&r["get_ms"]["p99"]),
+                        num(&r["put_ms"]["p50"]),
+                    ]
+                })
+                .collect(),
+        ),
         "s7" => (
             vec![
                 "deployments",
@@ -401,6 +427,18 @@ fn plot(id: &str, title: &str, result: &Value) -> String {
             "goodput (share of requests in SLO)",
             &series,
         );
+    }
+    if id == "s6" {
+        let pts = runs
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i as f64 + 1.0, r["get_gb_per_s"].as_f64().unwrap_or(0.0)))
+            .collect();
+        series.push((
+            "GET GB/s: 1 memcpy, 2 arena, 3 inline, 4 inline 1 MiB".into(),
+            pts,
+        ));
+        return svg_plot(&format!("S6 {title}"), "mode", "GB/s", &series);
     }
     if id == "s7" {
         let pts = runs
@@ -551,6 +589,10 @@ pub async fn run(args: BenchArgs) -> Result<()> {
                 );
             };
             s5::run(&ctx, &serde_json::from_value(size.clone())?, etcd).await?
+        }
+        Scenario::S6 => {
+            let kvd = std::env::current_exe()?.with_file_name("infera-kvd");
+            s6::run(&ctx, &serde_json::from_value(size.clone())?, &kvd)?
         }
         Scenario::S7 => {
             let Some(kubeconfig) = args.kubeconfig.clone() else {

@@ -1,0 +1,275 @@
+//! A blocking client for engines' connectors, tools and tests: the handshake with the
+//! arena fd, requests as msgpack maps, and reads in place under the seqlock.
+
+use crate::arena::HEADER;
+use crate::wire::{KEY_LEN, encode_frame};
+use rmpv::Value;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering, fence};
+
+/// The client's mapping of the daemon's arena.
+#[derive(Debug)]
+pub struct ClientArena {
+    _fd: OwnedFd,
+    base: *mut u8,
+    size: usize,
+}
+
+impl Drop for ClientArena {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping made in `map`, once.
+        unsafe {
+            libc::munmap(self.base.cast(), self.size);
+        }
+    }
+}
+
+impl ClientArena {
+    #[allow(unsafe_code)]
+    fn map(fd: OwnedFd, size: usize) -> io::Result<Self> {
+        // SAFETY: mapping `size` bytes (the arena size the daemon announced) of the
+        // memfd it passed; the result is checked.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                // No MAP_POPULATE: pages are charged to whoever touches them first.
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self {
+            _fd: fd,
+            base: base.cast(),
+            size,
+        })
+    }
+
+    #[allow(unsafe_code)]
+    fn word(&self, offset: usize) -> Option<&AtomicU32> {
+        (offset.is_multiple_of(4) && offset + 4 <= self.size).then(|| {
+            // SAFETY: in bounds and 4-byte aligned (checked), inside a mapping that
+            // lives as long as `self`.
+            unsafe { &*self.base.add(offset).cast::<AtomicU32>() }
+        })
+    }
+
+    /// Reads `length` bytes at payload `offset` if the slot still holds `version`
+    /// (seqlock); `None` when torn or replaced (fall back to an inline get).
+    pub fn read(&self, offset: usize, length: usize, version: u32) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        self.read_into(offset, length, version, &mut out)
+            .then_some(out)
+    }
+
+    /// Like [`Self::read`], into `buf` (resized to `length`); false when torn.
+    #[allow(unsafe_code)]
+    pub fn read_into(&self, offset: usize, length: usize, version: u32, buf: &mut Vec<u8>) -> bool {
+        let Some(v) = offset.checked_sub(HEADER).and_then(|h| self.word(h)) else {
+            return false;
+        };
+        if offset + length > self.size
+            || v.load(Ordering::Acquire) != version
+            || !version.is_multiple_of(2)
+        {
+            return false;
+        }
+        buf.resize(length, 0);
+        // SAFETY: offset + length is inside the mapping (checked above); `buf` holds
+        // `length` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(self.base.add(offset), buf.as_mut_ptr(), length) };
+        fence(Ordering::Acquire);
+        v.load(Ordering::Relaxed) == version
+    }
+
+    /// Writes into a leased slot's payload (zero-copy put).
+    #[allow(unsafe_code)]
+    pub fn write(&self, offset: usize, bytes: &[u8]) -> io::Result<()> {
+        if offset + bytes.len() > self.size {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "write past the arena",
+            ));
+        }
+        // SAFETY: in bounds (checked); the slot is leased to this client, so nobody
+        // publishes it while we write.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(offset), bytes.len())
+        };
+        Ok(())
+    }
+}
+
+/// A connection to kvd.
+#[derive(Debug)]
+pub struct Client {
+    stream: UnixStream,
+    arena: Option<ClientArena>,
+}
+
+/// The map of a request: `op` first, then `fields`.
+pub fn request_map(op: &str, fields: Vec<(&str, Value)>) -> Value {
+    let mut map = vec![(Value::from("op"), Value::from(op))];
+    map.extend(fields.into_iter().map(|(k, v)| (Value::from(k), v)));
+    Value::Map(map)
+}
+
+/// Field `name` of a reply map.
+pub fn field<'a>(reply: &'a Value, name: &str) -> Option<&'a Value> {
+    reply
+        .as_map()?
+        .iter()
+        .find(|(k, _)| k.as_str() == Some(name))
+        .map(|(_, v)| v)
+}
+
+#[allow(unsafe_code)]
+fn recv_fd(socket: RawFd) -> io::Result<OwnedFd> {
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // SAFETY: a pure size computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: a zeroed msghdr is valid; its pointers target live locals.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: a valid blocking socket and msghdr.
+    let n = unsafe { libc::recvmsg(socket, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel filled `control` up to msg_controllen; CMSG_FIRSTHDR/CMSG_DATA
+    // stay within it, and an SCM_RIGHTS message of our size holds one fd.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        if cmsg.is_null()
+            || (*cmsg).cmsg_level != libc::SOL_SOCKET
+            || (*cmsg).cmsg_type != libc::SCM_RIGHTS
+        {
+            return Err(io::Error::other(
+                "hello_ack announced an arena but no fd came",
+            ));
+        }
+        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>());
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
+}
+
+impl Client {
+    /// Connects and says hello; with `prefer_arena`, maps the arena the daemon passes.
+    pub fn connect(path: &Path, client_id: &str, prefer_arena: bool) -> io::Result<Self> {
+        let stream = UnixStream::connect(path)?;
+        let mut client = Self {
+            stream,
+            arena: None,
+        };
+        let ack = client.request(&request_map(
+            "hello",
+            vec![
+                ("client_id", Value::from(client_id)),
+                ("protocol_version", Value::from(1)),
+                ("prefers_shared_arena", Value::from(prefer_arena)),
+            ],
+        ))?;
+        if let Some(Value::Array(a)) = field(&ack, "shared_arena") {
+            let size = a.first().and_then(Value::as_u64).unwrap_or(0) as usize;
+            let fd = recv_fd(client.stream.as_raw_fd())?;
+            client.arena = Some(ClientArena::map(fd, size)?);
+        }
+        Ok(client)
+    }
+
+    /// The mapped arena, when the daemon passed one.
+    pub fn arena(&self) -> Option<&ClientArena> {
+        self.arena.as_ref()
+    }
+
+    /// Sends a frame without waiting for a reply (`prefetch_hint`).
+    pub fn send(&mut self, map: &Value) -> io::Result<()> {
+        self.stream.write_all(&encode_frame(map))
+    }
+
+    /// Sends a request and reads its reply.
+    pub fn request(&mut self, map: &Value) -> io::Result<Value> {
+        self.send(map)?;
+        let mut len = [0u8; 4];
+        self.stream.read_exact(&mut len)?;
+        let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+        self.stream.read_exact(&mut body)?;
+        rmpv::decode::read_value(&mut &body[..])
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+    }
+
+    /// Stores a value; `Ok(Err(reason))` when refused.
+    pub fn set(
+        &mut self,
+        key: [u8; KEY_LEN],
+        value: &[u8],
+        retention: &str,
+        model: &str,
+    ) -> io::Result<Result<(), String>> {
+        let reply = self.request(&request_map(
+            "set",
+            vec![
+                ("key", Value::Binary(key.to_vec())),
+                ("value", Value::Binary(value.to_vec())),
+                ("retention", Value::from(retention)),
+                ("model", Value::from(model)),
+            ],
+        ))?;
+        Ok(match field(&reply, "accepted").and_then(Value::as_bool) {
+            Some(true) => Ok(()),
+            _ => Err(field(&reply, "reason")
+                .and_then(Value::as_str)
+                .unwrap_or("refused")
+                .to_owned()),
+        })
+    }
+
+    /// Fetches a value: in place from the arena when the daemon answers with its slot
+    /// (falling back to an inline copy over a second request if the read was torn).
+    pub fn get(&mut self, key: [u8; KEY_LEN], model: &str) -> io::Result<Option<Vec<u8>>> {
+        let map = request_map(
+            "get",
+            vec![
+                ("key", Value::Binary(key.to_vec())),
+                ("model", Value::from(model)),
+            ],
+        );
+        let reply = self.request(&map)?;
+        if field(&reply, "op").and_then(Value::as_str) == Some("get_shared_response") {
+            let n = |name| field(&reply, name).and_then(Value::as_u64).unwrap_or(0);
+            let (offset, length, version) = (
+                n("slot_offset") as usize,
+                n("length") as usize,
+                n("version") as u32,
+            );
+            if let Some(bytes) = self
+                .arena
+                .as_ref()
+                .and_then(|a| a.read(offset, length, version))
+            {
+                return Ok(Some(bytes));
+            }
+            return Ok(None);
+        }
+        Ok(field(&reply, "value")
+            .and_then(|v| v.as_slice())
+            .map(<[u8]>::to_vec))
+    }
+}

@@ -1,0 +1,13 @@
+//! `infera-kvd`: the KV-cache daemon engines offload KV blocks to, so a repeated prefix
+//! is reloaded instead of recomputed. It speaks the earlier daemon's wire protocol
+//! ([`wire`]) over a Unix socket ([`server`]), keeps values in RAM ([`store`]), in
+//! slots of a memfd arena shared with engines ([`arena`]) so they read in place, and
+//! ships a client ([`client`]).
+
+pub mod arena;
+pub mod client;
+pub mod daemon;
+pub mod metrics;
+pub mod server;
+pub mod store;
+pub mod wire;

@@ -1,0 +1,222 @@
+use super::*;
+use crate::arena::ArenaOptions;
+
+fn scope() -> Scope {
+    Scope {
+        model: "m".into(),
+        compat_key: String::new(),
+    }
+}
+
+fn key(i: u8) -> Key {
+    [i; 8]
+}
+
+/// A store of `slots` slots of 64 bytes (48-byte payloads), all of RAM in the arena.
+fn store(slots: usize) -> Store {
+    let bytes = slots * 64;
+    Store::new(
+        bytes as u64,
+        Some(Arena::create(bytes, ArenaOptions::default()).unwrap()),
+    )
+}
+
+fn value(i: u8) -> Vec<u8> {
+    vec![i; 40]
+}
+
+fn has(s: &mut Store, i: u8, now: Instant) -> bool {
+    s.exists(&scope(), &[key(i)], now)[0]
+}
+
+#[test]
+fn eviction_takes_the_lowest_class_then_the_oldest() {
+    let now = Instant::now();
+    let mut s = store(3);
+    s.set(&scope(), key(1), &value(1), Retention::Long, None, now)
+        .unwrap();
+    s.set(&scope(), key(2), &value(2), Retention::Short, None, now)
+        .unwrap();
+    s.set(&scope(), key(3), &value(3), Retention::Short, None, now)
+        .unwrap();
+    // Touch 2: 3 becomes the oldest short entry.
+    assert!(s.get(&scope(), &key(2), now).is_some());
+    s.set(&scope(), key(4), &value(4), Retention::Short, None, now)
+        .unwrap();
+    assert!(
+        !has(&mut s, 3, now),
+        "the least recently used short entry went"
+    );
+    assert!(has(&mut s, 1, now) && has(&mut s, 2, now) && has(&mut s, 4, now));
+    s.set(&scope(), key(5), &value(5), Retention::Ephemeral, None, now)
+        .unwrap_err();
+    assert_eq!(s.stats().evictions_total, 1);
+    // An ephemeral entry is evicted before short ones.
+    let mut s = store(2);
+    s.set(&scope(), key(1), &value(1), Retention::Short, None, now)
+        .unwrap();
+    s.set(&scope(), key(2), &value(2), Retention::Ephemeral, None, now)
+        .unwrap();
+    s.set(&scope(), key(3), &value(3), Retention::Short, None, now)
+        .unwrap();
+    assert!(!has(&mut s, 2, now) && has(&mut s, 1, now));
+}
+
+#[test]
+fn writes_that_would_displace_higher_classes_or_downgrade_are_refused() {
+    let now = Instant::now();
+    let mut s = store(2);
+    s.set(&scope(), key(1), &value(1), Retention::Long, None, now)
+        .unwrap();
+    s.set(&scope(), key(2), &value(2), Retention::Long, None, now)
+        .unwrap();
+    let e = s
+        .set(&scope(), key(3), &value(3), Retention::Short, None, now)
+        .unwrap_err();
+    assert!(e.contains("displace long"), "{e}");
+    let e = s
+        .set(&scope(), key(1), &value(9), Retention::Short, None, now)
+        .unwrap_err();
+    assert!(e.contains("retention downgrade"), "{e}");
+    let found = s.get(&scope(), &key(1), now).unwrap();
+    assert_eq!(
+        s.bytes_of(&found).unwrap(),
+        value(1),
+        "the refused write changed nothing"
+    );
+    s.set(&scope(), key(1), &value(7), Retention::Long, None, now)
+        .unwrap();
+    let e = s
+        .set(&scope(), key(8), &value(8), Retention::Long, Some(0), now)
+        .unwrap_err();
+    assert!(e.contains("not stored"), "{e}");
+}
+
+#[test]
+fn entries_expire_with_their_ttl() {
+    let now = Instant::now();
+    let mut s = store(4);
+    s.set(&scope(), key(1), &value(1), Retention::Short, Some(10), now)
+        .unwrap();
+    assert!(
+        s.get(&scope(), &key(1), now + Duration::from_secs(9))
+            .is_some()
+    );
+    assert!(
+        s.get(&scope(), &key(1), now + Duration::from_secs(10))
+            .is_none()
+    );
+    assert_eq!(s.stats().entries, 0, "expired entries are dropped");
+}
+
+#[test]
+fn memory_never_exceeds_max_bytes() {
+    let now = Instant::now();
+    // 4 slots of 64 bytes plus room for spilled values: 512 bytes in all.
+    let mut s = Store::new(
+        512,
+        Some(Arena::create(256, ArenaOptions::default()).unwrap()),
+    );
+    for i in 0..200u8 {
+        let v = if i % 3 == 1 {
+            vec![i; 100]
+        } else {
+            vec![i; 40]
+        };
+        let _ = s.set(&scope(), key(i), &v, Retention::Short, None, now);
+        assert!(
+            s.used_bytes() <= 512,
+            "{} bytes held after {i}",
+            s.used_bytes()
+        );
+    }
+    assert!(s.stats().evictions_total > 0);
+    assert!(
+        s.stats().spillover_bytes > 0,
+        "values larger than a slot live in the heap"
+    );
+    let e = s
+        .set(
+            &scope(),
+            key(250),
+            &vec![0; 600],
+            Retention::Long,
+            None,
+            now,
+        )
+        .unwrap_err();
+    assert!(e.contains("exceed --max-bytes"), "{e}");
+}
+
+#[test]
+fn leases_of_a_closed_connection_or_past_their_time_are_released() {
+    let now = Instant::now();
+    let mut s = store(2);
+    let a = s.reserve(40, 7, now).unwrap();
+    let b = s.reserve(40, 7, now).unwrap();
+    assert_ne!(a.slot, b.slot);
+    assert_eq!(
+        s.arena().unwrap().version(a.slot) % 2,
+        1,
+        "a leased slot reads as being written"
+    );
+    assert!(s.reserve(40, 8, now).is_err(), "every slot is leased");
+    assert_eq!(s.release_connection(7), 2);
+    let c = s.reserve(40, 8, now).unwrap();
+    // Past the lease time, a new writer takes the slot of a silent one.
+    let _d = s.reserve(40, 8, now).unwrap();
+    let late = now + LEASE_TTL + Duration::from_secs(1);
+    let e = s.reserve(40, 9, late).unwrap();
+    assert!(
+        s.commit(c.token, 8, &scope(), key(1), 10, Retention::Short, 0, late)
+            .is_err(),
+        "its lease expired"
+    );
+    s.commit(e.token, 9, &scope(), key(2), 10, Retention::Short, 0, late)
+        .unwrap();
+    assert!(s.get(&scope(), &key(2), late).is_some());
+    assert!(
+        s.commit(e.token, 9, &scope(), key(3), 10, Retention::Short, 0, late)
+            .is_err(),
+        "a lease commits once"
+    );
+}
+
+#[test]
+fn a_commit_publishes_the_bytes_written_in_place() {
+    let now = Instant::now();
+    let mut s = store(2);
+    let g = s.reserve(32, 1, now).unwrap();
+    assert_eq!(g.payload_offset, g.slot * 64 + 16);
+    assert!(
+        s.commit(g.token, 2, &scope(), key(1), 5, Retention::Short, 0, now)
+            .is_err(),
+        "another connection's lease"
+    );
+    s.commit(g.token, 1, &scope(), key(1), 5, Retention::Long, 0, now)
+        .unwrap();
+    match s.get(&scope(), &key(1), now).unwrap() {
+        Found::Shared {
+            offset,
+            length,
+            version,
+            retention,
+        } => {
+            assert_eq!(
+                (offset, length, retention),
+                (g.payload_offset as u64, 5, Retention::Long)
+            );
+            assert_eq!(version % 2, 0);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.stats().long_bytes, 5);
+    assert_eq!(
+        s.clear(&Scope {
+            model: "m".into(),
+            compat_key: String::new()
+        }),
+        1
+    );
+    assert_eq!(s.clear(&Scope::default()), 0);
+}

@@ -1,0 +1,227 @@
+//! The `infera-kvd` binary as engines use it: a Python client written from the field
+//! table alone does the whole handshake with fd passing and every op; the Rust client
+//! reads in place; a writer killed while holding a lease gives its slot back; the socket
+//! is owner-only; `stats`, `/metrics` and SIGTERM behave.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use infera_kvd::client::{Client, field, request_map};
+use infera_testkit::process::{ServerProcess, free_port};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const MSGPACK: &str = "msgpack==1.2.4";
+
+struct Kvd {
+    process: ServerProcess,
+    socket: PathBuf,
+    metrics: u16,
+    _dir: tempfile::TempDir,
+}
+
+fn start(extra: &[&str]) -> Kvd {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("kvd.sock");
+    let metrics = free_port().unwrap();
+    let mut args: Vec<String> = vec![
+        "--socket".into(),
+        socket.display().to_string(),
+        "--max-bytes".into(),
+        (64u64 << 20).to_string(),
+        "--max-value-bytes".into(),
+        (1u64 << 20).to_string(),
+        "--metrics-addr".into(),
+        format!("127.0.0.1:{metrics}"),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let process = ServerProcess::start(
+        Path::new(env!("CARGO_BIN_EXE_infera-kvd")),
+        &args,
+        &dir.path().join("kvd.log"),
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(Instant::now() < deadline, "kvd never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Kvd {
+        process,
+        socket,
+        metrics,
+        _dir: dir,
+    }
+}
+
+fn metrics(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+fn metric(port: u16, name: &str) -> f64 {
+    metrics(port)
+        .lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(-1.0)
+}
+
+#[test]
+fn a_python_client_from_the_field_table_does_every_op_and_reads_in_place() {
+    let kvd = start(&[]);
+    let python = infera_testkit::python_tools::python_with(MSGPACK).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/kvd_client.py");
+    let out = Command::new(python)
+        .arg(script)
+        .arg(&kvd.socket)
+        .arg((1u64 << 20).to_string())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("ALL OK"),
+        "python client:\n{stdout}\n{}\nkvd log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        kvd.process.log_tail(30)
+    );
+    assert_eq!(
+        std::fs::metadata(&kvd.socket).unwrap().permissions().mode() & 0o777,
+        0o600,
+        "owner-only socket"
+    );
+    let text = metrics(kvd.metrics);
+    for name in [
+        "infera_kvd_hits_total",
+        "infera_kvd_op_duration_seconds_count{op=\"get\"}",
+        "infera_kvd_errors_total{code=\"unknown_op\"}",
+    ] {
+        assert!(text.contains(name), "{name} missing from /metrics:\n{text}");
+    }
+}
+
+#[test]
+fn the_rust_client_reads_in_place_and_a_killed_writer_gives_its_slot_back() {
+    let kvd = start(&[]);
+    let mut arena = Client::connect(&kvd.socket, "rust-arena", true).unwrap();
+    assert!(arena.arena().is_some(), "the memfd came over SCM_RIGHTS");
+    let value: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+    arena.set([7; 8], &value, "long", "m").unwrap().unwrap();
+    assert_eq!(arena.get([7; 8], "m").unwrap().unwrap(), value);
+    let mut inline = Client::connect(&kvd.socket, "rust-inline", false).unwrap();
+    assert!(inline.arena().is_none());
+    assert_eq!(
+        inline.get([7; 8], "m").unwrap().unwrap(),
+        value,
+        "inline copy of the same bytes"
+    );
+    assert_eq!(
+        inline.get([7; 8], "other-model").unwrap(),
+        None,
+        "scoped by model"
+    );
+    // A writer process takes a lease and dies without committing.
+    let python = infera_testkit::python_tools::python_with(MSGPACK).unwrap();
+    let writer = r#"
+import msgpack, socket, struct, sys, time
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+def call(m):
+    b = msgpack.packb(m); s.sendall(struct.pack(">I", len(b)) + b)
+    n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
+    return msgpack.unpackb(s.recv(n, socket.MSG_WAITALL))
+call({"op": "hello", "client_id": "doomed"})
+r = call({"op": "set_reserve", "size": 4096})
+assert r["lease_token"] > 0, r
+print("leased", flush=True)
+time.sleep(60)
+"#;
+    let mut child = Command::new(python)
+        .arg("-c")
+        .arg(writer)
+        .arg(&kvd.socket)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "leased");
+    assert_eq!(metric(kvd.metrics, "infera_kvd_leases"), 1.0);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metric(kvd.metrics, "infera_kvd_leases") != 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the dead writer's lease was never released"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stats = arena.request(&request_map("stats", vec![])).unwrap();
+    assert_eq!(
+        field(&stats, "entries").and_then(rmpv::Value::as_u64),
+        Some(1),
+        "nothing half-written was published"
+    );
+}
+
+#[test]
+fn stats_subcommand_a_second_daemon_and_sigterm() {
+    let mut kvd = start(&["--shared-arena-bytes", "0"]);
+    let mut c = Client::connect(&kvd.socket, "t", true).unwrap();
+    assert!(
+        c.arena().is_none(),
+        "no arena configured: values come inline"
+    );
+    c.set([1; 8], b"abc", "short", "").unwrap().unwrap();
+    assert_eq!(c.get([1; 8], "").unwrap().unwrap(), b"abc");
+    let out = Command::new(env!("CARGO_BIN_EXE_infera-kvd"))
+        .args(["stats", "--socket"])
+        .arg(&kvd.socket)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stats["entries"], 1);
+    assert_eq!(stats["hits_total"], 1);
+    let second = Command::new(env!("CARGO_BIN_EXE_infera-kvd"))
+        .args(["--metrics-addr", "", "--socket"])
+        .arg(&kvd.socket)
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    assert!(String::from_utf8_lossy(&second.stderr).contains("served by another kvd"));
+    kvd.process.terminate();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = kvd.process.exited() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "kvd ignored SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+    assert!(
+        !kvd.socket.exists(),
+        "the socket file is removed on shutdown"
+    );
+}
+
+#[test]
+fn flags_of_the_later_tiers_are_accepted_with_a_warning() {
+    let kvd = start(&["--long-path", "/tmp/nvme", "--long-bytes", "1000000"]);
+    let log = std::fs::read_to_string(kvd.socket.parent().unwrap().join("kvd.log")).unwrap();
+    assert!(log.contains("not available yet"), "{log}");
+}
