@@ -43,9 +43,10 @@ unsafe impl Send for Arena {}
 #[allow(unsafe_code)]
 unsafe impl Sync for Arena {}
 
-/// `size` rounded up to a slot boundary for a payload of `payload` bytes.
-pub fn slot_size_for(payload: usize) -> usize {
-    (HEADER + payload).div_ceil(ALIGN) * ALIGN
+/// The slot size for a payload of `payload` bytes (header included, rounded up to
+/// [`ALIGN`]); `None` when that overflows.
+pub fn slot_size_for(payload: usize) -> Option<usize> {
+    Some(HEADER.checked_add(payload)?.div_ceil(ALIGN) * ALIGN)
 }
 
 impl Arena {
@@ -118,13 +119,27 @@ impl Arena {
         self.slot_size
     }
 
-    /// Fixes the slot size for payloads of `payload` bytes (the first put decides);
-    /// returns the slot size.
+    /// Fixes the slot size for payloads of `payload` bytes when it is not fixed yet (the
+    /// first put decides; a payload that does not fit the arena fixes nothing); returns
+    /// the slot size (0: not fixed).
     pub fn fix_slot_size(&mut self, payload: usize) -> usize {
-        if self.slot_size == 0 {
-            self.slot_size = slot_size_for(payload).min(self.size / ALIGN * ALIGN);
+        if self.slot_size == 0
+            && let Some(size) = slot_size_for(payload).filter(|s| *s <= self.size)
+        {
+            self.slot_size = size;
         }
         self.slot_size
+    }
+
+    /// Slots a payload of `payload` bytes can use: fixes the slot size if needed; 0 when
+    /// it does not fit a slot.
+    pub fn slots_for(&mut self, payload: usize) -> usize {
+        self.fix_slot_size(payload);
+        if payload <= self.payload_max() {
+            self.slots()
+        } else {
+            0
+        }
     }
 
     /// Slots the arena holds.

@@ -26,6 +26,10 @@ pub struct Daemon {
     pub metrics: Metrics,
     /// Name in `hello_ack`.
     pub server_id: String,
+    /// Most value bytes in one inline reply.
+    pub max_reply: usize,
+    /// Users besides the daemon's own that may connect (`--allow-uid`).
+    pub allowed_uids: Vec<u32>,
     next_conn: AtomicU64,
 }
 
@@ -48,13 +52,28 @@ fn op_name(r: &Request) -> &'static str {
 
 impl Daemon {
     /// A daemon over `store`.
-    pub fn new(store: Store, server_id: String) -> Self {
+    pub fn new(store: Store, server_id: String, max_reply: usize) -> Self {
         Self {
             store: Mutex::new(store),
             metrics: Metrics::default(),
             server_id,
+            max_reply,
+            allowed_uids: Vec::new(),
             next_conn: AtomicU64::new(1),
         }
+    }
+
+    /// The store, locked. A panic while it was held (a bug) leaves it poisoned; the
+    /// store's invariants hold between its methods, so serving goes on.
+    pub fn store(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.store
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether a peer of `uid` may connect: the daemon's own user, or one allowed.
+    pub fn peer_allowed(&self, uid: u32, own: u32) -> bool {
+        uid == own || self.allowed_uids.contains(&uid)
     }
 
     /// A new connection.
@@ -67,7 +86,8 @@ impl Daemon {
 
     /// A connection went away: its leases are released.
     pub fn disconnect(&self, conn: &Conn) {
-        if let Ok(mut s) = self.store.lock() {
+        {
+            let mut s = self.store();
             let n = s.release_connection(conn.id);
             if n > 0 {
                 tracing::info!(
@@ -99,12 +119,7 @@ impl Daemon {
     }
 
     fn serve(&self, request: Request, conn: &mut Conn, now: Instant) -> Option<Reply> {
-        let Ok(mut store) = self.store.lock() else {
-            return Some(Reply::Error {
-                code: "internal".into(),
-                message: "the store lock is poisoned".into(),
-            });
-        };
+        let mut store = self.store();
         Some(match request {
             Request::Hello {
                 protocol_version,
@@ -199,6 +214,25 @@ impl Daemon {
                         slot_size: store.slot_size(),
                     }
                 } else {
+                    let total: u64 = found
+                        .iter()
+                        .flatten()
+                        .map(|f| match f {
+                            Found::Shared { length, .. } => *length,
+                            Found::Inline { value, .. } => value.len() as u64,
+                        })
+                        .sum();
+                    if total > self.max_reply as u64 {
+                        self.metrics.error("value_too_large");
+                        return Some(Reply::Error {
+                            code: "value_too_large".into(),
+                            message: format!(
+                                "batch_get of {} keys would answer {total} bytes inline, more than {}; ask for fewer keys or use the shared arena",
+                                keys.len(),
+                                self.max_reply
+                            ),
+                        });
+                    }
                     let mut values = Vec::new();
                     let mut retentions = Vec::new();
                     for f in &found {
@@ -281,7 +315,7 @@ impl Daemon {
                 Reply::SetCommitResponse { accepted, reason }
             }
             Request::SetCancel { lease_token } => {
-                store.cancel(lease_token);
+                store.cancel(lease_token, conn.id);
                 Reply::SetCancelResponse
             }
             // RAM is the only tier: everything present is already warm.

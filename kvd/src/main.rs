@@ -47,6 +47,10 @@ struct Cli {
     /// Address of /metrics (empty: off).
     #[arg(long, default_value = "0.0.0.0:9401")]
     metrics_addr: String,
+    /// Also accept clients running as this uid (repeatable; the daemon's own user is
+    /// always accepted). Engines of vendor images run as root: `--allow-uid 0`.
+    #[arg(long)]
+    allow_uid: Vec<u32>,
     /// Name in hello_ack.
     #[arg(long, default_value = "infera-kvd")]
     server_id: String,
@@ -139,9 +143,9 @@ async fn serve_metrics(addr: SocketAddr, daemon: Arc<Daemon>) -> Result<()> {
         axum::routing::get(move || {
             let d = daemon.clone();
             async move {
-                let (stats, leases, slot) = match d.store.lock() {
-                    Ok(s) => (s.stats(), s.leases(), s.slot_size()),
-                    Err(_) => Default::default(),
+                let (stats, leases, slot) = {
+                    let s = d.store();
+                    (s.stats(), s.leases(), s.slot_size())
                 };
                 d.metrics.render(&stats, leases, slot)
             }
@@ -181,10 +185,13 @@ async fn run(cli: Cli) -> Result<()> {
     } else {
         None
     };
-    let daemon = Arc::new(Daemon::new(
+    let mut daemon = Daemon::new(
         Store::new(cli.max_bytes, arena),
         cli.server_id.clone(),
-    ));
+        cli.max_value_bytes,
+    );
+    daemon.allowed_uids = cli.allow_uid.clone();
+    let daemon = Arc::new(daemon);
     if !cli.metrics_addr.is_empty() {
         let addr: SocketAddr = cli
             .metrics_addr

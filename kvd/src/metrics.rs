@@ -17,6 +17,24 @@ struct Histogram {
     sum: f64,
 }
 
+/// The label of a refusal: `ttl`, `retention_downgrade`, `displace_higher_class`,
+/// `no_room`, `too_large`, `lease` or `other`.
+pub fn rejection_kind(reason: &str) -> &'static str {
+    const KINDS: [(&str, &str); 7] = [
+        ("ttl_seconds", "ttl"),
+        ("retention downgrade", "retention_downgrade"),
+        ("would displace", "displace_higher_class"),
+        ("no room", "no_room"),
+        ("do not fit", "too_large"),
+        ("exceeds", "too_large"),
+        ("lease", "lease"),
+    ];
+    KINDS
+        .iter()
+        .find(|(needle, _)| reason.contains(needle))
+        .map_or("other", |(_, kind)| kind)
+}
+
 /// Latencies and rejections (the store keeps the rest).
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -41,17 +59,12 @@ impl Metrics {
         }
     }
 
-    /// A write refused (`accepted=false`), by its first words.
+    /// A write refused (`accepted=false`), counted by kind (a closed set, so label
+    /// values stay few).
     pub fn rejected(&self, reason: &str) {
-        let kind: String = reason
-            .split(':')
-            .next()
-            .unwrap_or(reason)
-            .chars()
-            .take(40)
-            .collect();
+        let kind = rejection_kind(reason);
         if let Ok(mut r) = self.rejections.lock() {
-            *r.entry(kind).or_default() += 1;
+            *r.entry(kind.to_owned()).or_default() += 1;
         }
     }
 

@@ -103,10 +103,10 @@ async fn write_reply(stream: &mut UnixStream, reply: Reply) -> io::Result<()> {
 
 /// Serves one client until it leaves or breaks the framing.
 pub async fn serve_connection(mut stream: UnixStream, daemon: Arc<Daemon>, limits: Limits) {
-    // Only the daemon's own user may connect (SO_PEERCRED).
+    // Only the daemon's own user, or one allowed with --allow-uid (SO_PEERCRED).
     let uid = own_uid();
     match stream.peer_cred() {
-        Ok(cred) if cred.uid() == uid => {}
+        Ok(cred) if daemon.peer_allowed(cred.uid(), uid) => {}
         Ok(cred) => {
             tracing::warn!(
                 peer_uid = cred.uid(),

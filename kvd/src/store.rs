@@ -9,9 +9,6 @@ use infera_proto::retention::Retention;
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-/// How long a write lease lives without a commit.
-pub const LEASE_TTL: Duration = Duration::from_secs(30);
-
 type EntryId = u64;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,7 +32,6 @@ struct Entry {
 struct Lease {
     slot: usize,
     conn: u64,
-    deadline: Instant,
 }
 
 /// Where a value is, for a reply.
@@ -74,11 +70,19 @@ pub struct Granted {
     pub payload_max: usize,
 }
 
+/// Seconds to live as a deadline (`None`: no expiry, also when too far to represent).
+fn deadline(now: Instant, seconds: i64) -> Option<Instant> {
+    u64::try_from(seconds)
+        .ok()
+        .and_then(|s| now.checked_add(Duration::from_secs(s)))
+}
+
 /// The RAM tier.
 #[derive(Debug)]
 pub struct Store {
     arena: Option<Arena>,
-    max_bytes: u64,
+    /// RAM for values larger than a slot: `max_bytes` minus the arena.
+    heap_budget: u64,
     used_bytes: u64,
     heap_bytes: u64,
     long_bytes: u64,
@@ -98,9 +102,10 @@ pub struct Store {
 impl Store {
     /// A store of at most `max_bytes`, its values in `arena` when they fit a slot.
     pub fn new(max_bytes: u64, arena: Option<Arena>) -> Self {
+        let arena_bytes = arena.as_ref().map_or(0, |a| a.size() as u64);
         Self {
             arena,
-            max_bytes,
+            heap_budget: max_bytes.saturating_sub(arena_bytes),
             used_bytes: 0,
             heap_bytes: 0,
             long_bytes: 0,
@@ -223,92 +228,100 @@ impl Store {
         !self.free_slots.is_empty() || self.slots_made < self.arena.as_ref().map_or(0, Arena::slots)
     }
 
-    fn reclaim_expired_leases(&mut self, now: Instant) {
-        let dead: Vec<u64> = self
-            .leases
-            .iter()
-            .filter(|(_, l)| l.deadline <= now)
-            .map(|(t, _)| *t)
-            .collect();
-        for token in dead {
-            self.cancel(token);
-        }
-    }
-
-    /// Evicts until `cost` more bytes (and a slot, when `slot`) fit, taking entries of
-    /// retention `<= retention` only: lowest class first, then least recently used.
-    fn make_room(
-        &mut self,
+    /// The entries to evict so a value of `cost` bytes (in a slot when `slot`) fits,
+    /// taking only entries of retention `<= retention` (lowest class first, then least
+    /// recently used) and counting `replacing` (the key's current entry) as free.
+    /// Decides without changing anything, so a refused write loses nothing.
+    fn plan_room(
+        &self,
         cost: u64,
         slot: bool,
         retention: Retention,
-        now: Instant,
-    ) -> Result<(), String> {
-        if cost > self.max_bytes {
+        replacing: Option<EntryId>,
+    ) -> Result<Vec<EntryId>, String> {
+        let in_slot = |id: &EntryId| {
+            self.entries
+                .get(id)
+                .is_some_and(|e| matches!(e.place, Place::Slot(_)))
+        };
+        let candidates = self
+            .order
+            .iter()
+            .filter(|(_, _, id)| Some(*id) != replacing);
+        if slot {
+            if self.has_free_slot() || replacing.is_some_and(|r| in_slot(&r)) {
+                return Ok(Vec::new());
+            }
+            return match candidates.clone().find(|(_, _, id)| in_slot(id)) {
+                Some((class, _, _)) if *class > retention => Err(format!(
+                    "storing it would displace {class} entries (higher than {retention})"
+                )),
+                Some((_, _, id)) => Ok(vec![*id]),
+                None => Err("no room: every slot is leased by a writer".into()),
+            };
+        }
+        if cost > self.heap_budget {
             return Err(format!(
-                "{cost} bytes exceed --max-bytes {}",
-                self.max_bytes
+                "{cost} bytes do not fit a slot and exceed the {} bytes of RAM outside the arena (--max-bytes minus --shared-arena-bytes)",
+                self.heap_budget
             ));
         }
-        self.drop_expired(now);
-        if slot && !self.has_free_slot() {
-            self.reclaim_expired_leases(now);
+        let freed_by_replacing =
+            replacing
+                .and_then(|r| self.entries.get(&r))
+                .map_or(0, |e| match &e.place {
+                    Place::Heap(v) => v.len() as u64,
+                    Place::Slot(_) => 0,
+                });
+        let mut excess =
+            (self.heap_bytes - freed_by_replacing + cost).saturating_sub(self.heap_budget);
+        let mut victims = Vec::new();
+        for (class, _, id) in candidates {
+            if excess == 0 {
+                break;
+            }
+            let Some(Place::Heap(v)) = self.entries.get(id).map(|e| &e.place) else {
+                continue;
+            };
+            if *class > retention {
+                return Err(format!(
+                    "storing it would displace {class} entries (higher than {retention})"
+                ));
+            }
+            excess = excess.saturating_sub(v.len() as u64);
+            victims.push(*id);
         }
-        loop {
-            let need_slot = slot && !self.has_free_slot();
-            let need_bytes = self.used_bytes + cost > self.max_bytes;
-            if !need_slot && !need_bytes {
-                return Ok(());
-            }
-            let victim = self
-                .order
-                .iter()
-                .find(|(_, _, id)| {
-                    !need_slot
-                        || self
-                            .entries
-                            .get(id)
-                            .is_some_and(|e| matches!(e.place, Place::Slot(_)))
-                })
-                .copied();
-            match victim {
-                Some((class, _, _)) if class > retention => {
-                    return Err(format!(
-                        "storing it would displace {class} entries (higher than {retention})"
-                    ));
-                }
-                Some((_, _, id)) => {
-                    self.remove_id(id);
-                    self.counters.evictions_total += 1;
-                }
-                None => {
-                    return Err("no room: every slot is leased by a writer".into());
-                }
-            }
+        Ok(victims)
+    }
+
+    fn evict(&mut self, victims: Vec<EntryId>) {
+        for id in victims {
+            self.remove_id(id);
+            self.counters.evictions_total += 1;
         }
     }
 
-    fn check_existing(
+    /// The key's current entry, unless storing at `retention` would downgrade it.
+    fn current(
         &mut self,
         scope: &Scope,
         key: &Key,
         retention: Retention,
         now: Instant,
-    ) -> Result<(), String> {
-        if let Some(id) = self.lookup(scope, key, now) {
-            let held = self
-                .entries
-                .get(&id)
-                .map(|e| e.retention)
-                .unwrap_or(Retention::None);
-            if held > retention {
-                return Err(format!(
-                    "retention downgrade: the key is stored as {held}, not {retention}"
-                ));
-            }
-            self.remove_id(id);
+    ) -> Result<Option<EntryId>, String> {
+        let Some(id) = self.lookup(scope, key, now) else {
+            return Ok(None);
+        };
+        let held = self
+            .entries
+            .get(&id)
+            .map_or(Retention::None, |e| e.retention);
+        if held > retention {
+            return Err(format!(
+                "retention downgrade: the key is stored as {held}, not {retention}"
+            ));
         }
-        Ok(())
+        Ok(Some(id))
     }
 
     fn insert(
@@ -317,13 +330,11 @@ impl Store {
         place: Place,
         length: usize,
         retention: Retention,
-        ttl: Option<Duration>,
-        now: Instant,
+        expires: Option<Instant>,
     ) {
         let id = self.next_id;
         self.next_id += 1;
         let tick = self.next_tick();
-        let expires = ttl.map(|t| now + t);
         self.used_bytes += self.cost(&place);
         if let Place::Heap(v) = &place {
             self.heap_bytes += v.len() as u64;
@@ -350,7 +361,8 @@ impl Store {
         );
     }
 
-    /// Stores a value; `Err` says why it was not stored (`accepted=false`).
+    /// Stores a value; `Err` says why it was not stored (`accepted=false`), and then
+    /// nothing changed.
     pub fn set(
         &mut self,
         scope: &Scope,
@@ -361,16 +373,13 @@ impl Store {
         now: Instant,
     ) -> Result<(), String> {
         self.counters.sets_total += 1;
-        let ttl = match ttl_seconds {
-            Some(t) if t <= 0 => return Err(format!("ttl_seconds {t} <= 0: not stored")),
-            Some(t) => Some(Duration::from_secs(t.unsigned_abs())),
-            None => None,
-        };
-        self.check_existing(scope, &key, retention, now)?;
+        if let Some(t) = ttl_seconds.filter(|t| *t <= 0) {
+            return Err(format!("ttl_seconds {t} <= 0: not stored"));
+        }
+        self.drop_expired(now);
+        let replacing = self.current(scope, &key, retention, now)?;
         let in_slot = match self.arena.as_mut() {
-            Some(a) => {
-                a.fix_slot_size(value.len()) > 0 && value.len() <= a.payload_max() && a.slots() > 0
-            }
+            Some(a) => a.slots_for(value.len()) > 0,
             None => false,
         };
         let cost = if in_slot {
@@ -378,24 +387,22 @@ impl Store {
         } else {
             value.len() as u64
         };
-        self.make_room(cost, in_slot, retention, now)?;
-        let place = match (in_slot, self.take_free_slot()) {
-            (true, Some(slot)) => {
+        let victims = self.plan_room(cost, in_slot, retention, replacing)?;
+        if let Some(id) = replacing {
+            self.remove_id(id);
+        }
+        self.evict(victims);
+        let place = match in_slot.then(|| self.take_free_slot()).flatten() {
+            Some(slot) => {
                 if let Some(a) = &self.arena {
                     a.write(slot, value);
                 }
                 Place::Slot(slot)
             }
-            _ => Place::Heap(value.to_vec()),
+            None => Place::Heap(value.to_vec()),
         };
-        self.insert(
-            (scope.clone(), key),
-            place,
-            value.len(),
-            retention,
-            ttl,
-            now,
-        );
+        let expires = ttl_seconds.and_then(|t| deadline(now, t));
+        self.insert((scope.clone(), key), place, value.len(), retention, expires);
         Ok(())
     }
 
@@ -461,33 +468,28 @@ impl Store {
         ids.len() as u64
     }
 
-    /// Leases a slot of at least `size` payload bytes to connection `conn`.
+    /// Leases a slot of at least `size` payload bytes to connection `conn`. The lease
+    /// lives until its connection commits it, cancels it or goes away.
     pub fn reserve(&mut self, size: u64, conn: u64, now: Instant) -> Result<Granted, String> {
         let Some(arena) = self.arena.as_mut() else {
             return Err("this daemon has no shared arena (--shared-arena-bytes 0)".into());
         };
         let size = usize::try_from(size).unwrap_or(usize::MAX);
-        arena.fix_slot_size(size);
-        if size > arena.payload_max() {
+        if arena.slots_for(size) == 0 {
             return Err(format!(
-                "size {size} exceeds the slot payload size {}",
-                arena.payload_max()
+                "size {size} does not fit a slot (payload size {}, arena {} bytes)",
+                arena.payload_max(),
+                arena.size()
             ));
         }
-        let cost = self.slot_size();
-        self.make_room(cost, true, Retention::Short, now)?;
+        self.drop_expired(now);
+        let victims = self.plan_room(self.slot_size(), true, Retention::Short, None)?;
+        self.evict(victims);
         let slot = self.take_free_slot().ok_or("no free slot")?;
         let token = self.next_token;
         self.next_token += 1;
-        self.used_bytes += cost;
-        self.leases.insert(
-            token,
-            Lease {
-                slot,
-                conn,
-                deadline: now + LEASE_TTL,
-            },
-        );
+        self.used_bytes += self.slot_size();
+        self.leases.insert(token, Lease { slot, conn });
         let arena = self.arena.as_ref().ok_or("no arena")?;
         arena.begin_write(slot);
         Ok(Granted {
@@ -498,8 +500,12 @@ impl Store {
         })
     }
 
-    /// Gives a lease back; false if it was unknown.
-    pub fn cancel(&mut self, token: u64) -> bool {
+    /// Gives a lease of connection `conn` back; false if it is not one of its leases.
+    pub fn cancel(&mut self, token: u64, conn: u64) -> bool {
+        match self.leases.get(&token) {
+            Some(l) if l.conn == conn => {}
+            _ => return false,
+        }
         let Some(lease) = self.leases.remove(&token) else {
             return false;
         };
@@ -511,7 +517,8 @@ impl Store {
         true
     }
 
-    /// Publishes a leased slot under `key`.
+    /// Publishes a leased slot under `key` (`ttl_seconds` 0: no expiry; below 0: not
+    /// stored). A refused commit gives the lease back.
     #[allow(clippy::too_many_arguments)]
     pub fn commit(
         &mut self,
@@ -528,32 +535,46 @@ impl Store {
         let lease = match self.leases.get(&token) {
             Some(l) if l.conn == conn => *l,
             Some(_) => return Err(format!("lease {token} belongs to another connection")),
-            None => return Err(format!("lease {token} is unknown, expired or cancelled")),
+            None => return Err(format!("lease {token} is unknown or was cancelled")),
         };
         let max = self.arena.as_ref().map_or(0, Arena::payload_max) as u64;
-        if length > max {
-            self.cancel(token);
-            return Err(format!(
+        let refused = if length > max {
+            Some(format!(
                 "length {length} exceeds the slot payload size {max}"
-            ));
-        }
-        if let Err(e) = self.check_existing(scope, &key, retention, now) {
-            self.cancel(token);
-            return Err(e);
+            ))
+        } else if ttl_seconds < 0 {
+            Some(format!("ttl_seconds {ttl_seconds} < 0: not stored"))
+        } else {
+            None
+        };
+        let replacing = match refused {
+            Some(reason) => Err(reason),
+            None => self.current(scope, &key, retention, now),
+        };
+        let replacing = match replacing {
+            Ok(r) => r,
+            Err(reason) => {
+                self.cancel(token, conn);
+                return Err(reason);
+            }
+        };
+        if let Some(id) = replacing {
+            self.remove_id(id);
         }
         self.leases.remove(&token);
         self.used_bytes -= self.slot_size();
         if let Some(a) = &self.arena {
             a.publish(lease.slot, length as usize);
         }
-        let ttl = (ttl_seconds > 0).then(|| Duration::from_secs(ttl_seconds.unsigned_abs()));
+        let expires = (ttl_seconds > 0)
+            .then(|| deadline(now, ttl_seconds))
+            .flatten();
         self.insert(
             (scope.clone(), key),
             Place::Slot(lease.slot),
             length as usize,
             retention,
-            ttl,
-            now,
+            expires,
         );
         Ok(())
     }
@@ -567,7 +588,7 @@ impl Store {
             .map(|(t, _)| *t)
             .collect();
         for t in &tokens {
-            self.cancel(*t);
+            self.cancel(*t, conn);
         }
         tokens.len()
     }

@@ -225,3 +225,61 @@ fn flags_of_the_later_tiers_are_accepted_with_a_warning() {
     let log = std::fs::read_to_string(kvd.socket.parent().unwrap().join("kvd.log")).unwrap();
     assert!(log.contains("not available yet"), "{log}");
 }
+
+#[test]
+fn only_allowed_users_connect() {
+    let store = infera_kvd::store::Store::new(1 << 20, None);
+    let mut d = infera_kvd::daemon::Daemon::new(store, "t".into(), 1 << 20);
+    assert!(d.peer_allowed(1000, 1000), "the daemon's own user");
+    assert!(!d.peer_allowed(0, 65532), "root only with --allow-uid 0");
+    d.allowed_uids = vec![0];
+    assert!(d.peer_allowed(0, 65532));
+    assert!(!d.peer_allowed(1001, 65532));
+}
+
+#[test]
+fn an_inline_batch_larger_than_a_frame_is_refused_not_built() {
+    use infera_kvd::wire::{Reply, Request, Scope, SetItem};
+    use infera_proto::retention::Retention;
+    let store = infera_kvd::store::Store::new(8 << 20, None);
+    let d = infera_kvd::daemon::Daemon::new(store, "t".into(), 1 << 20);
+    let mut conn = d.connect();
+    for k in 0..2u8 {
+        let item = SetItem {
+            key: [k; 8],
+            value: vec![k; 600 << 10],
+            retention: Retention::Short,
+            ttl_seconds: None,
+        };
+        let r = d.handle(
+            Request::Set {
+                item,
+                scope: Scope::default(),
+            },
+            &mut conn,
+        );
+        assert!(
+            matches!(r, Some(Reply::SetAck { accepted: true, .. })),
+            "{r:?}"
+        );
+    }
+    let one = d.handle(
+        Request::BatchGet {
+            keys: vec![[0; 8]],
+            scope: Scope::default(),
+        },
+        &mut conn,
+    );
+    assert!(matches!(one, Some(Reply::BatchGetResponse { .. })));
+    let both = d.handle(
+        Request::BatchGet {
+            keys: vec![[0; 8], [1; 8]],
+            scope: Scope::default(),
+        },
+        &mut conn,
+    );
+    match both {
+        Some(Reply::Error { code, .. }) => assert_eq!(code, "value_too_large"),
+        other => panic!("{other:?}"),
+    }
+}

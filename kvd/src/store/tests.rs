@@ -112,44 +112,159 @@ fn entries_expire_with_their_ttl() {
 #[test]
 fn memory_never_exceeds_max_bytes() {
     let now = Instant::now();
-    // 4 slots of 64 bytes plus room for spilled values: 512 bytes in all.
+    // 4 slots of 64 bytes in the arena, and 256 bytes outside it for larger values.
     let mut s = Store::new(
         512,
         Some(Arena::create(256, ArenaOptions::default()).unwrap()),
     );
+    let mut stored = 0;
     for i in 0..200u8 {
         let v = if i % 3 == 1 {
             vec![i; 100]
         } else {
             vec![i; 40]
         };
-        let _ = s.set(&scope(), key(i), &v, Retention::Short, None, now);
+        if s.set(&scope(), key(i), &v, Retention::Short, None, now)
+            .is_ok()
+        {
+            stored += 1;
+        }
         assert!(
             s.used_bytes() <= 512,
             "{} bytes held after {i}",
             s.used_bytes()
         );
     }
+    assert_eq!(stored, 200, "lower-or-equal classes always make room");
     assert!(s.stats().evictions_total > 0);
-    assert!(
-        s.stats().spillover_bytes > 0,
-        "values larger than a slot live in the heap"
+    assert_eq!(
+        s.stats().spillover_bytes,
+        200,
+        "two 100-byte values fit beside the arena"
     );
+    assert_eq!(s.stats().entries, 4 + 2);
     let e = s
-        .set(
-            &scope(),
-            key(250),
-            &vec![0; 600],
-            Retention::Long,
-            None,
-            now,
-        )
+        .set(&scope(), key(250), &[0; 300], Retention::Long, None, now)
         .unwrap_err();
-    assert!(e.contains("exceed --max-bytes"), "{e}");
+    assert!(e.contains("outside the arena"), "{e}");
+    // The arena is the whole budget: nothing larger than a slot is kept.
+    let mut all_arena = store(4);
+    all_arena
+        .set(&scope(), key(1), &[1; 40], Retention::Short, None, now)
+        .unwrap();
+    assert!(
+        all_arena
+            .set(&scope(), key(2), &[2; 100], Retention::Short, None, now)
+            .is_err()
+    );
 }
 
 #[test]
-fn leases_of_a_closed_connection_or_past_their_time_are_released() {
+fn values_outside_the_arena_never_cost_a_slot() {
+    let now = Instant::now();
+    let mut s = Store::new(
+        64 * 2 + 10_000,
+        Some(Arena::create(128, ArenaOptions::default()).unwrap()),
+    );
+    s.set(&scope(), key(1), &[1; 40], Retention::Short, None, now)
+        .unwrap();
+    for i in 10..60u8 {
+        s.set(&scope(), key(i), &[i; 100], Retention::Short, None, now)
+            .unwrap();
+    }
+    s.set(&scope(), key(2), &[2; 40], Retention::Short, None, now)
+        .unwrap();
+    assert!(
+        has(&mut s, 1, now) && has(&mut s, 2, now),
+        "both slots were still free"
+    );
+    assert!(
+        s.reserve(40, 1, now).is_ok(),
+        "a slot is still there for a lease"
+    );
+}
+
+#[test]
+fn a_refused_write_changes_nothing() {
+    let now = Instant::now();
+    // Slots: one short, one long. A short write must evict the short one only if the
+    // long one is not in the way: the lowest victim is short, so it goes...
+    let mut s = store(2);
+    s.set(&scope(), key(1), &value(1), Retention::Short, None, now)
+        .unwrap();
+    s.set(&scope(), key(2), &value(2), Retention::Long, None, now)
+        .unwrap();
+    // ...but an ephemeral write finds the short entry above it: refused, nothing evicted.
+    assert!(
+        s.set(&scope(), key(3), &value(3), Retention::Ephemeral, None, now)
+            .is_err()
+    );
+    assert!(has(&mut s, 1, now) && has(&mut s, 2, now));
+    assert_eq!(s.stats().evictions_total, 0);
+    // Overwriting a key with a value that cannot be stored keeps the old value.
+    let mut s = Store::new(
+        64 * 2 + 100,
+        Some(Arena::create(128, ArenaOptions::default()).unwrap()),
+    );
+    s.set(&scope(), key(1), &[1; 40], Retention::Short, None, now)
+        .unwrap();
+    assert!(
+        s.set(&scope(), key(1), &[9; 500], Retention::Short, None, now)
+            .is_err()
+    );
+    let found = s.get(&scope(), &key(1), now).unwrap();
+    assert_eq!(s.bytes_of(&found).unwrap(), vec![1; 40]);
+}
+
+#[test]
+fn client_numbers_never_panic_the_store() {
+    let now = Instant::now();
+    let mut s = store(2);
+    s.set(
+        &scope(),
+        key(1),
+        &value(1),
+        Retention::Short,
+        Some(i64::MAX),
+        now,
+    )
+    .unwrap();
+    assert!(
+        has(&mut s, 1, now),
+        "a TTL too far to represent means no expiry"
+    );
+    assert!(s.reserve(u64::MAX, 1, now).is_err());
+    assert!(s.reserve(u64::MAX - 8, 1, now).is_err());
+    let mut fresh = store(2);
+    assert!(
+        fresh.reserve(1 << 20, 1, now).is_err(),
+        "larger than the arena"
+    );
+    assert_eq!(
+        fresh.slot_size(),
+        0,
+        "an impossible first reserve fixes no slot size"
+    );
+    let g = fresh.reserve(40, 1, now).unwrap();
+    assert!(
+        fresh
+            .commit(
+                g.token,
+                1,
+                &scope(),
+                key(1),
+                u64::MAX,
+                Retention::Short,
+                0,
+                now
+            )
+            .is_err()
+    );
+    assert_eq!(fresh.leases(), 0, "a refused commit gives the lease back");
+}
+
+#[test]
+fn leases_end_with_their_connection_and_only_their_owner_cancels_them() {
     let now = Instant::now();
     let mut s = store(2);
     let a = s.reserve(40, 7, now).unwrap();
@@ -161,24 +276,22 @@ fn leases_of_a_closed_connection_or_past_their_time_are_released() {
         "a leased slot reads as being written"
     );
     assert!(s.reserve(40, 8, now).is_err(), "every slot is leased");
+    assert!(!s.cancel(a.token, 8), "another connection cannot cancel it");
     assert_eq!(s.release_connection(7), 2);
     let c = s.reserve(40, 8, now).unwrap();
-    // Past the lease time, a new writer takes the slot of a silent one.
-    let _d = s.reserve(40, 8, now).unwrap();
-    let late = now + LEASE_TTL + Duration::from_secs(1);
-    let e = s.reserve(40, 9, late).unwrap();
-    assert!(
-        s.commit(c.token, 8, &scope(), key(1), 10, Retention::Short, 0, late)
-            .is_err(),
-        "its lease expired"
-    );
-    s.commit(e.token, 9, &scope(), key(2), 10, Retention::Short, 0, late)
+    s.commit(c.token, 8, &scope(), key(2), 10, Retention::Short, 0, now)
         .unwrap();
-    assert!(s.get(&scope(), &key(2), late).is_some());
+    assert!(s.get(&scope(), &key(2), now).is_some());
     assert!(
-        s.commit(e.token, 9, &scope(), key(3), 10, Retention::Short, 0, late)
+        s.commit(c.token, 8, &scope(), key(3), 10, Retention::Short, 0, now)
             .is_err(),
         "a lease commits once"
+    );
+    let d = s.reserve(40, 8, now).unwrap();
+    assert!(
+        s.commit(d.token, 8, &scope(), key(4), 10, Retention::Short, -1, now)
+            .is_err(),
+        "ttl < 0: not stored"
     );
 }
 

@@ -29,6 +29,8 @@ pub const GRACE_MARGIN_SECONDS: i64 = 30;
 pub const STARTUP_PERIOD_SECONDS: i32 = 10;
 /// kvd's socket folder, shared by the engine and kvd containers.
 pub const KVD_SOCKET_DIR: &str = "/run/infera-kvd";
+/// kvd's /metrics port.
+pub const KVD_METRICS_PORT: u16 = 9401;
 /// Where kvd's NVMe tier is mounted.
 pub const KVD_NVME_DIR: &str = "/var/lib/infera-kvd";
 
@@ -294,6 +296,11 @@ fn kvd_args(spec: &InferaDeploymentSpec) -> Vec<String> {
     let mut args = vec![
         "--socket".into(),
         format!("{KVD_SOCKET_DIR}/kvd.sock"),
+        // Engines of vendor images run as root; kvd runs as its image's user.
+        "--allow-uid".into(),
+        "0".into(),
+        "--metrics-addr".into(),
+        format!("0.0.0.0:{KVD_METRICS_PORT}"),
         "--max-bytes".into(),
         ram.clone(),
         "--shared-arena-bytes".into(),
@@ -324,6 +331,12 @@ fn kvd_container(spec: &InferaDeploymentSpec, images: &Images) -> Container {
         name: "kvd".into(),
         image: Some(images.kvd.clone()),
         args: Some(kvd_args(spec)),
+        // Declared so hostNetwork pods of one node do not collide on it unseen.
+        ports: Some(vec![ContainerPort {
+            name: Some("kvd-metrics".into()),
+            container_port: i32::from(KVD_METRICS_PORT),
+            ..Default::default()
+        }]),
         restart_policy: Some("Always".into()),
         volume_mounts: Some(mounts),
         security_context: Some(restricted_security()),
