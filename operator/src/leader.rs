@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, PostParams};
 use std::time::Duration;
@@ -35,8 +35,35 @@ pub enum Decision {
     Wait,
 }
 
-/// Decides from the Lease's spec at `now`.
-pub fn decide(spec: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> Decision {
+/// When this replica first saw the Lease's current holder and renew time: expiry is
+/// timed on this replica's own clock from that moment, so clock skew between replicas
+/// cannot end a live holder's term early (what client-go does).
+#[derive(Debug, Clone, Default)]
+pub struct Observed {
+    record: Option<(Option<String>, Option<String>)>,
+    since: Option<std::time::Instant>,
+}
+
+impl Observed {
+    /// Notes the Lease's record; returns how long it has stayed unchanged.
+    pub fn see(&mut self, spec: Option<&LeaseSpec>, now: std::time::Instant) -> Duration {
+        let record = spec.map(|s| {
+            (
+                s.holder_identity.clone(),
+                s.renew_time.as_ref().map(|t| t.0.to_string()),
+            )
+        });
+        if self.record != Some(record.clone().unwrap_or_default()) || self.since.is_none() {
+            self.record = Some(record.unwrap_or_default());
+            self.since = Some(now);
+        }
+        self.since
+            .map_or(Duration::ZERO, |t| now.saturating_duration_since(t))
+    }
+}
+
+/// Decides from the Lease's spec and how long its record has been unchanged.
+pub fn decide(spec: Option<&LeaseSpec>, identity: &str, unchanged_for: Duration) -> Decision {
     let Some(spec) = spec else {
         return Decision::Take;
     };
@@ -44,16 +71,13 @@ pub fn decide(spec: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> Decis
         Some(holder) if holder == identity => Decision::Renew,
         None | Some("") => Decision::Take,
         Some(_) => {
-            let ttl =
-                SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(15)));
-            let renewed = spec
-                .renew_time
-                .as_ref()
-                .or(spec.acquire_time.as_ref())
-                .map(|t| t.0);
-            match renewed {
-                Some(at) if at + ttl > now => Decision::Wait,
-                _ => Decision::Take,
+            let ttl = Duration::from_secs(
+                u64::try_from(spec.lease_duration_seconds.unwrap_or(15)).unwrap_or(15),
+            );
+            if unchanged_for > ttl {
+                Decision::Take
+            } else {
+                Decision::Wait
             }
         }
     }
@@ -88,6 +112,7 @@ fn spec_for(
 pub async fn try_acquire_or_renew(
     api: &Api<Lease>,
     cfg: &LeaseConfig,
+    observed: &mut Observed,
 ) -> Result<bool, kube::Error> {
     let now = Timestamp::now();
     let current = api.get_opt(&cfg.name).await?;
@@ -106,7 +131,8 @@ pub async fn try_acquire_or_renew(
             Err(e) => Err(e),
         };
     };
-    let decision = decide(lease.spec.as_ref(), &cfg.identity, now);
+    let unchanged_for = observed.see(lease.spec.as_ref(), std::time::Instant::now());
+    let decision = decide(lease.spec.as_ref(), &cfg.identity, unchanged_for);
     if decision == Decision::Wait {
         return Ok(false);
     }
@@ -124,12 +150,29 @@ pub async fn try_acquire_or_renew(
     }
 }
 
+/// One round, bounded in time: a hung API call must not keep a replica reconciling past
+/// its lease (a third of the duration, then it counts as a failed renewal).
+async fn round(
+    api: &Api<Lease>,
+    cfg: &LeaseConfig,
+    observed: &mut Observed,
+) -> Result<bool, kube::Error> {
+    let limit = cfg.duration / 3;
+    match tokio::time::timeout(limit, try_acquire_or_renew(api, cfg, observed)).await {
+        Ok(r) => r,
+        Err(_) => Err(kube::Error::Service(
+            format!("no answer within {limit:?}").into(),
+        )),
+    }
+}
+
 /// Waits until this replica holds the Lease.
 pub async fn acquire(client: &Client, cfg: &LeaseConfig) {
     let api: Api<Lease> = Api::namespaced(client.clone(), &cfg.namespace);
     let mut logged = false;
+    let mut observed = Observed::default();
     loop {
-        match try_acquire_or_renew(&api, cfg).await {
+        match round(&api, cfg, &mut observed).await {
             Ok(true) => {
                 tracing::info!(lease = %cfg.name, namespace = %cfg.namespace, identity = %cfg.identity, "became the leader");
                 return;
@@ -150,9 +193,10 @@ pub async fn acquire(client: &Client, cfg: &LeaseConfig) {
 pub async fn hold(client: &Client, cfg: &LeaseConfig) {
     let api: Api<Lease> = Api::namespaced(client.clone(), &cfg.namespace);
     let mut last_ok = std::time::Instant::now();
+    let mut observed = Observed::default();
     loop {
         tokio::time::sleep(cfg.retry).await;
-        match try_acquire_or_renew(&api, cfg).await {
+        match round(&api, cfg, &mut observed).await {
             Ok(true) => last_ok = std::time::Instant::now(),
             Ok(false) => {
                 tracing::error!(lease = %cfg.name, "lost the leader Lease to another replica");
@@ -186,6 +230,7 @@ pub async fn release(client: &Client, cfg: &LeaseConfig) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::jiff::SignedDuration;
 
     fn spec(holder: Option<&str>, renewed_secs_ago: i64) -> LeaseSpec {
         let now = Timestamp::now();
@@ -199,20 +244,40 @@ mod tests {
 
     #[test]
     fn a_live_lease_of_another_holder_is_respected_until_it_expires() {
-        let now = Timestamp::now();
-        assert_eq!(decide(None, "me", now), Decision::Take);
+        let secs = Duration::from_secs;
+        assert_eq!(decide(None, "me", secs(0)), Decision::Take);
         assert_eq!(
-            decide(Some(&spec(Some("me"), 1)), "me", now),
+            decide(Some(&spec(Some("me"), 1)), "me", secs(0)),
             Decision::Renew
         );
         assert_eq!(
-            decide(Some(&spec(Some("other"), 5)), "me", now),
+            decide(Some(&spec(Some("other"), 5)), "me", secs(5)),
             Decision::Wait
         );
         assert_eq!(
-            decide(Some(&spec(Some("other"), 16)), "me", now),
+            decide(Some(&spec(Some("other"), 16)), "me", secs(16)),
             Decision::Take
         );
-        assert_eq!(decide(Some(&spec(None, 1)), "me", now), Decision::Take);
+        assert_eq!(decide(Some(&spec(None, 1)), "me", secs(0)), Decision::Take);
+    }
+
+    #[test]
+    fn expiry_is_timed_on_this_replicas_clock_not_the_holders() {
+        let t0 = std::time::Instant::now();
+        let mut seen = Observed::default();
+        // The holder's renew time is an hour old by our clock (skew): still live until
+        // we have seen the record unchanged for a whole lease duration.
+        let stale = spec(Some("other"), 3600);
+        assert_eq!(seen.see(Some(&stale), t0), Duration::ZERO);
+        let d = seen.see(Some(&stale), t0 + Duration::from_secs(10));
+        assert_eq!(decide(Some(&stale), "me", d), Decision::Wait);
+        let d = seen.see(Some(&stale), t0 + Duration::from_secs(16));
+        assert_eq!(decide(Some(&stale), "me", d), Decision::Take);
+        // A renewal resets the clock.
+        let renewed = spec(Some("other"), 3590);
+        assert_eq!(
+            seen.see(Some(&renewed), t0 + Duration::from_secs(17)),
+            Duration::ZERO
+        );
     }
 }

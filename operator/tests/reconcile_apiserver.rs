@@ -416,6 +416,28 @@ async fn every_example_is_rendered_becomes_ready_scales_and_reconciles_idempoten
         expect_children(&client, &ns, name, true).await;
     }
     wait_sts_replicas(&client, &ns, "llama-70b-mixed", Some(4)).await;
+    // The finished download is recorded on the cache PVC, so losing the Job (deleted,
+    // or replaced after an image change) never takes the workers down.
+    let pvcs: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), &ns);
+    let pvc = pvcs.get("llama-70b-model-cache").await.unwrap();
+    let recorded = pvc
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .get("infera.amd.com/downloaded")
+        .cloned();
+    assert_eq!(
+        recorded.as_deref(),
+        Some("amd/Llama-3.1-70B-Instruct-FP8-KV@main")
+    );
+    eventually("the finished download Job pruned", WAIT, || async {
+        match jobs.get_opt("llama-70b-model-download").await.unwrap() {
+            None => Ok(()),
+            Some(_) => Err("still there".to_owned()),
+        }
+    })
+    .await;
     make_ready(&client, &ns).await;
     for name in &names {
         let d = wait_condition(&client, &ns, name, "Ready", "True", Some("AllReady")).await;

@@ -54,6 +54,26 @@ pub async fn apply_child(
 ) -> Result<Option<Applied>, ApplyError> {
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let api = api(client, namespace, child.kind);
+    if child.kind == Kind::PersistentVolumeClaim {
+        // A claim's spec is immutable once bound: created once, never re-applied (a
+        // changed storage class would otherwise fail every reconcile).
+        let existing = api
+            .get_opt(&child.name)
+            .await
+            .map_err(|source| ApplyError {
+                action: "read",
+                kind: child.kind,
+                name: child.name.clone(),
+                source,
+            })?;
+        if let Some(object) = existing {
+            return Ok(Some(Applied {
+                kind: child.kind,
+                name: child.name.clone(),
+                object,
+            }));
+        }
+    }
     match api
         .patch(&child.name, &params, &Patch::Apply(&child.object))
         .await

@@ -375,6 +375,9 @@ async fn write_topology_status(
 async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Action, ReconcileError> {
     if idep.meta().deletion_timestamp.is_some() {
         // Owner references garbage-collect the children.
+        if let (Ok(mut m), Some(uid)) = (ctx.pruned.lock(), idep.uid()) {
+            m.remove(&uid);
+        }
         return Ok(Action::await_change());
     }
     let namespace = idep.namespace().unwrap_or_default();
@@ -414,7 +417,23 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
             return Ok(Action::requeue(Duration::from_secs(300)));
         }
     };
-    let (applied, problem) = apply_all(ctx, &namespace, &rendered).await?;
+    let (applied, problem) = match apply_all(ctx, &namespace, &rendered).await {
+        Ok(r) => r,
+        Err(e) => {
+            // Say so in the status (not only in the operator's log), then retry.
+            let obs = Observation {
+                generation: idep.metadata.generation,
+                roles: None,
+                gateway: (0, 0),
+                model,
+                problem: Some(("ApplyFailed".to_owned(), e.to_string())),
+                selector,
+                endpoint: None,
+            };
+            write_status(ctx, idep, &namespace, &obs).await?;
+            return Err(e);
+        }
+    };
     prune_if_changed(ctx, idep, &namespace, &rendered, problem.is_none()).await?;
     if let Some((reason, message)) = &problem
         && !idep.status.as_ref().is_some_and(|s| {

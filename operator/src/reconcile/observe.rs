@@ -5,6 +5,8 @@ use super::status::ModelState;
 use crate::api::InferaDeployment;
 use crate::render::names;
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 
 /// Whether the API server serves `leaderworkerset.x-k8s.io/v1` LeaderWorkerSets.
@@ -18,21 +20,52 @@ pub async fn lws_installed(client: &Client) -> bool {
     }
 }
 
+/// Annotation on the model-cache PVC naming the `<id>@<revision>` it holds complete.
+pub const DOWNLOADED_ANNOTATION: &str = "infera.amd.com/downloaded";
+
+/// What the cache must say it holds for the current spec.
+pub fn wanted_download(hf: &crate::api::HuggingFaceSource) -> String {
+    format!("{}@{}", hf.id, hf.revision.as_deref().unwrap_or("main"))
+}
+
 /// The model download's state: not needed (PVC or host path), running, failed, done.
+/// A finished download is recorded on the cache PVC, so workers keep running when the
+/// Job is gone (deleted, or replaced after an image change).
 pub async fn model_state(
     client: &Client,
     idep: &InferaDeployment,
     namespace: &str,
 ) -> Result<ModelState, ReconcileError> {
-    if idep.spec.model.source.hugging_face.is_none() {
+    let Some(hf) = &idep.spec.model.source.hugging_face else {
         return Ok(ModelState::NotNeeded);
+    };
+    let instance = idep.metadata.name.clone().unwrap_or_default();
+    let want = wanted_download(hf);
+    let pvcs = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace);
+    let claim = names::model_cache(&instance);
+    let pvc = pvcs
+        .get_opt(&claim)
+        .await
+        .map_err(|e| ReconcileError::Read("reading the model cache PVC", e))?;
+    let recorded = pvc
+        .as_ref()
+        .and_then(|p| p.metadata.annotations.as_ref())
+        .and_then(|a| a.get(DOWNLOADED_ANNOTATION));
+    if recorded == Some(&want) {
+        return Ok(ModelState::Ready);
     }
-    let name = names::model_download(&idep.metadata.name.clone().unwrap_or_default());
     let job = Api::<Job>::namespaced(client.clone(), namespace)
-        .get_opt(&name)
+        .get_opt(&names::model_download(&instance))
         .await
         .map_err(|e| ReconcileError::Read("reading the model download Job", e))?;
-    Ok(job_state(job.as_ref()))
+    let state = job_state(job.as_ref());
+    if state == ModelState::Ready && pvc.is_some() {
+        let patch = serde_json::json!({"metadata": {"annotations": {DOWNLOADED_ANNOTATION: want}}});
+        pvcs.patch(&claim, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| ReconcileError::Read("recording the download on the cache PVC", e))?;
+    }
+    Ok(state)
 }
 
 /// The state a download Job reports (pure).

@@ -354,7 +354,8 @@ impl RenderError {
 pub struct Observed<'a> {
     /// The referenced topology, if it exists.
     pub topology: Option<&'a PDTopology>,
-    /// The model download finished (always true for PVC and hostPath sources).
+    /// The model is in place: a PVC or host path, or a finished download (then the
+    /// download Job is no longer rendered).
     pub model_ready: bool,
 }
 
@@ -465,10 +466,11 @@ pub fn render(
         images,
     };
     let mut children = gateway::identity(&ctx, spec);
-    let download_job = match model::download(&ctx, spec) {
+    let download_job = match model::download(&ctx, spec, observed.model_ready) {
         Some(objs) => {
+            let job = objs.iter().any(|c| c.kind == Kind::Job);
             children.extend(objs);
-            Some(names::model_download(&name))
+            job.then(|| names::model_download(&name))
         }
         None => None,
     };

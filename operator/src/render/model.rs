@@ -62,7 +62,10 @@ fn env(name: &str, value: &str) -> EnvVar {
 
 /// The cache PVC and the download Job, for a Hugging Face source. The PVC carries the
 /// instance labels but no owner: deleting the deployment keeps the downloaded weights.
-pub fn download(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec) -> Option<Vec<Child>> {
+/// Once the download is recorded as complete, the Job is no longer rendered (and so is
+/// pruned).
+/// With `done`, the cache is complete: the PVC only, no Job.
+pub fn download(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec, done: bool) -> Option<Vec<Child>> {
     let hf = spec.model.source.hugging_face.as_ref()?;
     let claim = names::model_cache(ctx.name);
     let labels = names::instance_labels(ctx.name, "model-cache");
@@ -154,8 +157,9 @@ pub fn download(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec) -> Option<Vec<Child>
         }),
         ..Default::default()
     };
-    Some(vec![
-        child(Kind::PersistentVolumeClaim, pvc, None),
-        child(Kind::Job, job, Some(ctx.owner)),
-    ])
+    let mut out = vec![child(Kind::PersistentVolumeClaim, pvc, None)];
+    if !done {
+        out.push(child(Kind::Job, job, Some(ctx.owner)));
+    }
+    Some(out)
 }

@@ -67,6 +67,20 @@ fn identity_env() -> Vec<EnvVar> {
     ]
 }
 
+/// One variable per name, the last one given winning (the user's `env` comes last), in
+/// the order of first appearance: server-side apply refuses duplicate names, and
+/// `$(VAR)` references need the identity variables first.
+pub fn dedupe_env(env: Vec<EnvVar>) -> Vec<EnvVar> {
+    let mut out: Vec<EnvVar> = Vec::with_capacity(env.len());
+    for var in env {
+        match out.iter_mut().find(|v| v.name == var.name) {
+            Some(slot) => *slot = var,
+            None => out.push(var),
+        }
+    }
+    out
+}
+
 fn plain_env(pairs: &[(String, String)]) -> Vec<EnvVar> {
     pairs
         .iter()
@@ -358,7 +372,7 @@ fn sidecar_container(spec: &InferaDeploymentSpec, input: &PodInput<'_>) -> Conta
         name: "sidecar".into(),
         image: Some(input.images.sidecar.clone()),
         args: Some(sidecar_args(spec, input.namespace, input.engine)),
-        env: Some(env),
+        env: Some(dedupe_env(env)),
         // A native sidecar: started before the engine, stopped after it.
         restart_policy: Some("Always".into()),
         ports: Some(vec![ContainerPort {
@@ -415,7 +429,7 @@ fn engine_container(spec: &InferaDeploymentSpec, input: &PodInput<'_>) -> Contai
         name: "engine".into(),
         image: Some(super::engine_image(spec, input.images)),
         command: Some(command),
-        env: Some(env),
+        env: Some(dedupe_env(env)),
         ports: Some(ports),
         resources: Some(engine_resources(spec, input.resources, input.gpus)),
         volume_mounts: Some(mounts),

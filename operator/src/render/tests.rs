@@ -109,7 +109,7 @@ fn every_example_renders_its_reviewed_snapshot() {
             .into_owned();
         let (deps, topos) = load(path);
         let mut out = format!(
-            "# Rendered by the operator from examples/{folder}/deployment.yaml (namespace infera);\n# regenerate with INFERA_UPDATE_SNAPSHOTS=1 cargo test -p infera-operator snapshot.\n"
+            "# Rendered by the operator from examples/{folder}/deployment.yaml (namespace infera), models in place\n# (after any download); regenerate with INFERA_UPDATE_SNAPSHOTS=1 cargo test -p infera-operator snapshot.\n"
         );
         for dep in &deps {
             for child in render_example(dep, &topos, true).children {
@@ -651,5 +651,47 @@ fn a_kv_cache_size_that_is_not_bytes_is_a_reason() {
     assert!(
         e.to_string().starts_with("spec.kvCache.ram \"500m\""),
         "{e}"
+    );
+}
+
+#[test]
+fn a_variable_the_user_sets_replaces_the_operators_once() {
+    let (mut deps, topos) = load(&repo().join("examples/sim/deployment.yaml"));
+    let pd = deps
+        .iter_mut()
+        .find(|d| d.metadata.name.as_deref() == Some("sim-pd"))
+        .unwrap();
+    for (name, value) in [
+        ("POD_IP", "10.9.9.9"),
+        ("VLLM_MORIIO_CONNECTOR_READ_MODE", "0"),
+    ] {
+        pd.spec.engine.env.push(k8s_openapi::api::core::v1::EnvVar {
+            name: name.into(),
+            value: Some(value.into()),
+            ..Default::default()
+        });
+    }
+    let r = render_example(pd, &topos, true);
+    let pod = &find(&r, Kind::StatefulSet, "sim-pd-prefill")["spec"]["template"];
+    let engine = container(pod, "containers", "engine");
+    let names: Vec<&str> = engine["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    let mut unique = names.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), names.len(), "no duplicate names: {names:?}");
+    assert_eq!(names[2], "POD_IP", "identity first, for $(VAR) references");
+    assert_eq!(
+        env_value(engine, "POD_IP").as_deref(),
+        Some("10.9.9.9"),
+        "the user wins"
+    );
+    assert_eq!(
+        env_value(engine, "VLLM_MORIIO_CONNECTOR_READ_MODE").as_deref(),
+        Some("0")
     );
 }
