@@ -122,7 +122,10 @@ impl Operator {
         let log = std::fs::read_to_string(&self.log).unwrap_or_default();
         let refused: Vec<&str> = log
             .lines()
-            .filter(|l| l.contains("403") || l.contains("forbidden") || l.contains("Forbidden"))
+            // Not a bare "403": log timestamps carry microseconds.
+            .filter(|l| {
+                l.contains("code: 403") || l.contains("forbidden") || l.contains("Forbidden")
+            })
             .collect();
         assert!(
             refused.is_empty(),
@@ -463,13 +466,16 @@ async fn every_example_is_rendered_becomes_ready_scales_and_reconciles_idempoten
             "AsExpected"
         );
     }
-    assert!(
-        events_for(&client, &ns, "sim-mixed")
-            .await
-            .iter()
-            .any(|(r, _)| r == "Ready"),
-        "a Ready event"
-    );
+    // The Ready event follows the status write.
+    eventually("a Ready event", WAIT, || async {
+        let events = events_for(&client, &ns, "sim-mixed").await;
+        if events.iter().any(|(r, _)| r == "Ready") {
+            Ok(())
+        } else {
+            Err(format!("{events:?}"))
+        }
+    })
+    .await;
 
     // A second reconcile of unchanged deployments changes no child.
     let before = resource_versions(&client, &ns).await;
@@ -692,13 +698,19 @@ spec:
         }
     })
     .await;
-    let pruned = events_for(&client, &ns, "pd").await;
-    assert!(
-        pruned
+    // The Event follows the deletions it reports.
+    eventually("a Pruned event naming the prefill set", WAIT, || async {
+        let events = events_for(&client, &ns, "pd").await;
+        if events
             .iter()
-            .any(|(r, n)| r == "Pruned" && n.contains("pd-prefill")),
-        "{pruned:?}"
-    );
+            .any(|(r, n)| r == "Pruned" && n.contains("pd-prefill"))
+        {
+            Ok(())
+        } else {
+            Err(format!("{events:?}"))
+        }
+    })
+    .await;
     wait_condition(&client, &ns, "pd", "Degraded", "False", None).await;
     op.assert_never_forbidden();
     support::drop_namespace(&client, &ns).await;
