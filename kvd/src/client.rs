@@ -5,7 +5,7 @@ use crate::arena::HEADER;
 use crate::wire::{KEY_LEN, encode_frame};
 use rmpv::Value;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering, fence};
@@ -132,44 +132,6 @@ pub fn field<'a>(reply: &'a Value, name: &str) -> Option<&'a Value> {
         .map(|(_, v)| v)
 }
 
-#[allow(unsafe_code)]
-fn recv_fd(socket: RawFd) -> io::Result<OwnedFd> {
-    let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    // SAFETY: a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: a zeroed msghdr is valid; its pointers target live locals.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
-    // SAFETY: a valid blocking socket and msghdr.
-    let n = unsafe { libc::recvmsg(socket, &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel filled `control` up to msg_controllen; CMSG_FIRSTHDR/CMSG_DATA
-    // stay within it, and an SCM_RIGHTS message of our size holds one fd.
-    unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        if cmsg.is_null()
-            || (*cmsg).cmsg_level != libc::SOL_SOCKET
-            || (*cmsg).cmsg_type != libc::SCM_RIGHTS
-        {
-            return Err(io::Error::other(
-                "hello_ack announced an arena but no fd came",
-            ));
-        }
-        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>());
-        Ok(OwnedFd::from_raw_fd(fd))
-    }
-}
-
 impl Client {
     /// Connects and says hello; with `prefer_arena`, maps the arena the daemon passes.
     pub fn connect(path: &Path, client_id: &str, prefer_arena: bool) -> io::Result<Self> {
@@ -188,7 +150,7 @@ impl Client {
         ))?;
         if let Some(Value::Array(a)) = field(&ack, "shared_arena") {
             let size = a.first().and_then(Value::as_u64).unwrap_or(0) as usize;
-            let fd = recv_fd(client.stream.as_raw_fd())?;
+            let fd = crate::fdpass::recv_fd(client.stream.as_raw_fd())?;
             client.arena = Some(ClientArena::map(fd, size)?);
         }
         Ok(client)

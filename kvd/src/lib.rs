@@ -7,6 +7,7 @@
 pub mod arena;
 pub mod client;
 pub mod daemon;
+pub mod fdpass;
 pub mod metrics;
 pub mod server;
 pub mod store;

@@ -43,48 +43,12 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
     Ok(listener)
 }
 
-/// Sends `fd` with one data byte over the socket (`SCM_RIGHTS`).
-#[allow(unsafe_code)]
-fn send_fd_now(socket: RawFd, fd: RawFd) -> io::Result<()> {
-    let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: an all-zero msghdr is a valid empty header; the pointers set below point
-    // to `iov` and `control`, which outlive the sendmsg call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
-    // SAFETY: msg_control holds CMSG_SPACE(sizeof fd) bytes, so CMSG_FIRSTHDR is a valid
-    // header inside it and CMSG_DATA has room for one fd.
-    unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        if cmsg.is_null() {
-            return Err(io::Error::other("no room for the control message"));
-        }
-        (*cmsg).cmsg_level = libc::SOL_SOCKET;
-        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
-    }
-    // SAFETY: a valid socket and a fully initialized msghdr.
-    let sent = unsafe { libc::sendmsg(socket, &msg, libc::MSG_NOSIGNAL) };
-    if sent < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 async fn send_fd(stream: &UnixStream, fd: RawFd) -> io::Result<()> {
     loop {
         stream.writable().await?;
-        match stream.try_io(Interest::WRITABLE, || send_fd_now(stream.as_raw_fd(), fd)) {
+        match stream.try_io(Interest::WRITABLE, || {
+            crate::fdpass::send_fd(stream.as_raw_fd(), fd)
+        }) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             other => return other,
         }
