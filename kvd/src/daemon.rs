@@ -1,12 +1,15 @@
 //! What the daemon does with each request (no socket I/O): the store under one lock,
 //! replies shaped by whether the connection reads the arena in place.
 
+use crate::lower::{Fetched, Lower};
 use crate::metrics::Metrics;
+use crate::queue::ByteQueue;
 use crate::store::{Found, Store};
-use crate::wire::{PROTOCOL_VERSION, Reply, Request};
+use crate::wire::{Key, PROTOCOL_VERSION, Reply, Request, Scope};
+use infera_proto::retention::Retention;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// One client connection's state.
 #[derive(Debug, Clone, Copy, Default)]
@@ -30,8 +33,41 @@ pub struct Daemon {
     pub max_reply: usize,
     /// Users besides the daemon's own that may connect (`--allow-uid`).
     pub allowed_uids: Vec<u32>,
+    /// The tiers below RAM.
+    pub lower: Lower,
+    prefetch: ByteQueue<Prefetch>,
+    /// Prefetched keys by outcome: warmed, already in RAM, not found, too late, dropped.
+    pub prefetched: PrefetchCounters,
+    /// `get`s that missed RAM and were found below it.
+    found_below: AtomicU64,
     next_conn: AtomicU64,
 }
+
+/// Keys to warm into RAM before `deadline`.
+#[derive(Debug)]
+struct Prefetch {
+    scope: Scope,
+    keys: Vec<Key>,
+    deadline: Instant,
+}
+
+/// What `prefetch_hint` keys came to.
+#[derive(Debug, Default)]
+pub struct PrefetchCounters {
+    /// Brought into RAM from a slower tier.
+    pub warmed: AtomicU64,
+    /// Already in RAM.
+    pub present: AtomicU64,
+    /// In no tier.
+    pub missing: AtomicU64,
+    /// Not reached before the hint's deadline.
+    pub late: AtomicU64,
+    /// Not queued: the prefetch queue was full.
+    pub dropped: AtomicU64,
+}
+
+/// Keys waiting to be prefetched, at most.
+const PREFETCH_QUEUE_KEYS: u64 = 65_536;
 
 fn op_name(r: &Request) -> &'static str {
     match r {
@@ -59,8 +95,146 @@ impl Daemon {
             server_id,
             max_reply,
             allowed_uids: Vec::new(),
+            lower: Lower::default(),
+            prefetch: ByteQueue::new(PREFETCH_QUEUE_KEYS),
+            prefetched: PrefetchCounters::default(),
+            found_below: AtomicU64::new(0),
             next_conn: AtomicU64::new(1),
         }
+    }
+
+    /// The same daemon with tiers below RAM.
+    pub fn with_lower(mut self, lower: Lower) -> Self {
+        self.lower = lower;
+        self
+    }
+
+    /// The counters of `stats`: RAM's, with hits below RAM counted as hits, and
+    /// `long_bytes` the NVMe tier's bytes when there is one.
+    pub fn stats(&self) -> crate::wire::Stats {
+        let mut st = self.store().stats();
+        let below = self.found_below.load(Ordering::Relaxed);
+        st.hits_total += below;
+        st.misses_total = st.misses_total.saturating_sub(below);
+        if let Some(d) = &self.lower.disk {
+            st.long_bytes = d.report().bytes;
+        }
+        st
+    }
+
+    /// Looks a key up in RAM, then below (a value found below is promoted into RAM).
+    fn get_one(&self, scope: &Scope, key: &Key, now: Instant) -> Option<Found> {
+        if let Some(found) = self.store().get(scope, key, now) {
+            return Some(found);
+        }
+        let fetched = self.lower.fetch(scope, key)?;
+        self.found_below.fetch_add(1, Ordering::Relaxed);
+        Some(self.promote(scope, key, fetched, now))
+    }
+
+    fn promote(&self, scope: &Scope, key: &Key, fetched: Fetched, now: Instant) -> Found {
+        let Fetched {
+            value,
+            retention,
+            tier,
+        } = fetched;
+        match self.store().promote(scope, *key, &value, retention, now) {
+            Ok(found) => {
+                self.lower.promoted(tier);
+                found
+            }
+            Err(reason) => {
+                tracing::debug!("not promoted into RAM: {reason}");
+                Found::Inline {
+                    value: value.to_vec(),
+                    retention,
+                }
+            }
+        }
+    }
+
+    /// Stores a value in RAM and writes it down when `long`. A key held on disk as
+    /// `long` is not downgraded.
+    fn set_one(
+        &self,
+        scope: &Scope,
+        item: crate::wire::SetItem,
+        now: Instant,
+    ) -> Result<(), String> {
+        if item.retention < Retention::Long && self.lower.on_disk(scope, &item.key) {
+            return Err(format!(
+                "retention downgrade: the key is stored as long, not {}",
+                item.retention
+            ));
+        }
+        self.store().set(
+            scope,
+            item.key,
+            &item.value,
+            item.retention,
+            item.ttl_seconds,
+            now,
+        )?;
+        self.lower.write(
+            scope,
+            item.key,
+            item.value,
+            item.retention,
+            item.ttl_seconds,
+        );
+        Ok(())
+    }
+
+    /// Queues a `prefetch_hint`.
+    fn hint(&self, scope: Scope, keys: Vec<Key>, deadline_ms: u64, now: Instant) {
+        if self.lower.is_empty() {
+            // RAM is the only tier: whatever is present is already warm.
+            return;
+        }
+        let n = keys.len() as u64;
+        let job = Prefetch {
+            scope,
+            keys,
+            deadline: now + Duration::from_millis(deadline_ms),
+        };
+        if !self.prefetch.push(job, n) {
+            self.prefetched.dropped.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Warms hinted keys into RAM until [`Daemon::close`]; run on its own thread.
+    pub fn run_prefetcher(&self) {
+        loop {
+            let jobs = self.prefetch.pop_batch(16);
+            if jobs.is_empty() {
+                return;
+            }
+            for job in jobs {
+                for key in &job.keys {
+                    let now = Instant::now();
+                    let counter = if now > job.deadline {
+                        &self.prefetched.late
+                    } else if self.store().exists(&job.scope, &[*key], now)[0] {
+                        &self.prefetched.present
+                    } else {
+                        match self.lower.fetch(&job.scope, key) {
+                            Some(f) => {
+                                self.promote(&job.scope, key, f, now);
+                                &self.prefetched.warmed
+                            }
+                            None => &self.prefetched.missing,
+                        }
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Stops the background work: prefetching ends, queued writes are finished.
+    pub fn close(&self) {
+        self.prefetch.close();
+        self.lower.close();
     }
 
     /// The store, locked. A panic while it was held (a bug) leaves it poisoned; the
@@ -119,6 +293,85 @@ impl Daemon {
     }
 
     fn serve(&self, request: Request, conn: &mut Conn, now: Instant) -> Option<Reply> {
+        let request = match request {
+            Request::Get { key, scope } => {
+                let found = self.get_one(&scope, &key, now);
+                return Some(self.get_reply(found, conn));
+            }
+            Request::BatchGet { keys, scope } => {
+                let found: Vec<Option<Found>> =
+                    keys.iter().map(|k| self.get_one(&scope, k, now)).collect();
+                return Some(self.batch_get_reply(found, conn));
+            }
+            Request::Set { item, scope } => {
+                let (accepted, reason) = self.ack(self.set_one(&scope, item, now));
+                return Some(Reply::SetAck { accepted, reason });
+            }
+            Request::BatchSet { items, scope } => {
+                let (accepted, reasons) = items
+                    .into_iter()
+                    .map(|i| self.ack(self.set_one(&scope, i, now)))
+                    .unzip();
+                return Some(Reply::BatchSetAck { accepted, reasons });
+            }
+            Request::SetCommit {
+                lease_token,
+                key,
+                length,
+                scope,
+                retention,
+                ttl_seconds,
+            } => {
+                let committed = if retention < Retention::Long && self.lower.on_disk(&scope, &key) {
+                    self.store().cancel(lease_token, conn.id);
+                    Err(format!(
+                        "retention downgrade: the key is stored as long, not {retention}"
+                    ))
+                } else {
+                    self.store().commit(
+                        lease_token,
+                        conn.id,
+                        &scope,
+                        key,
+                        length,
+                        retention,
+                        ttl_seconds,
+                        now,
+                    )
+                };
+                if committed.is_ok() && retention == Retention::Long && !self.lower.is_empty() {
+                    let value = self.store().peek(&scope, &key, now);
+                    if let Some(value) = value {
+                        self.lower
+                            .write(&scope, key, value, retention, Some(ttl_seconds));
+                    }
+                }
+                let (accepted, reason) = self.ack(committed);
+                return Some(Reply::SetCommitResponse { accepted, reason });
+            }
+            Request::PrefetchHint {
+                keys,
+                scope,
+                deadline_ms,
+            } => {
+                self.hint(scope, keys, deadline_ms, now);
+                return None;
+            }
+            Request::Exists { keys, scope } => {
+                let mut present = self.store().exists(&scope, &keys, now);
+                self.lower.exists(&scope, &keys, &mut present);
+                return Some(Reply::ExistsResponse { present });
+            }
+            Request::Clear { scope } => {
+                let ram = self.store().clear(&scope);
+                let below = self.lower.clear(&scope);
+                return Some(Reply::ClearAck {
+                    cleared_entries: ram + below,
+                });
+            }
+            Request::Stats => return Some(Reply::StatsResponse(self.stats())),
+            other => other,
+        };
         let mut store = self.store();
         Some(match request {
             Request::Hello {
@@ -146,135 +399,6 @@ impl Daemon {
                     arena,
                 }
             }
-            Request::Get { key, scope } => match store.get(&scope, &key, now) {
-                Some(Found::Shared {
-                    offset,
-                    length,
-                    version,
-                    retention,
-                }) if conn.shared => Reply::GetSharedResponse {
-                    slot_offset: offset,
-                    length,
-                    version,
-                    retention,
-                    slot_size: store.slot_size(),
-                },
-                Some(found) => {
-                    let retention = match &found {
-                        Found::Shared { retention, .. } | Found::Inline { retention, .. } => {
-                            *retention
-                        }
-                    };
-                    let value = store.bytes_of(&found);
-                    Reply::GetResponse {
-                        retention: value.as_ref().map(|_| retention),
-                        value,
-                    }
-                }
-                None => Reply::GetResponse {
-                    value: None,
-                    retention: None,
-                },
-            },
-            Request::BatchGet { keys, scope } => {
-                let found: Vec<Option<Found>> =
-                    keys.iter().map(|k| store.get(&scope, k, now)).collect();
-                let all_shared = found
-                    .iter()
-                    .flatten()
-                    .all(|f| matches!(f, Found::Shared { .. }));
-                if conn.shared && all_shared {
-                    let mut r = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-                    for f in &found {
-                        match f {
-                            Some(Found::Shared {
-                                offset,
-                                length,
-                                version,
-                                retention,
-                            }) => {
-                                r.0.push(i64::try_from(*offset).unwrap_or(-1));
-                                r.1.push(*length);
-                                r.2.push(*version);
-                                r.3.push(Some(*retention));
-                            }
-                            _ => {
-                                r.0.push(-1);
-                                r.1.push(0);
-                                r.2.push(0);
-                                r.3.push(None);
-                            }
-                        }
-                    }
-                    Reply::BatchGetSharedResponse {
-                        offsets: r.0,
-                        lengths: r.1,
-                        versions: r.2,
-                        retentions: r.3,
-                        slot_size: store.slot_size(),
-                    }
-                } else {
-                    let total: u64 = found
-                        .iter()
-                        .flatten()
-                        .map(|f| match f {
-                            Found::Shared { length, .. } => *length,
-                            Found::Inline { value, .. } => value.len() as u64,
-                        })
-                        .sum();
-                    if total > self.max_reply as u64 {
-                        self.metrics.error("value_too_large");
-                        return Some(Reply::Error {
-                            code: "value_too_large".into(),
-                            message: format!(
-                                "batch_get of {} keys would answer {total} bytes inline, more than {}; ask for fewer keys or use the shared arena",
-                                keys.len(),
-                                self.max_reply
-                            ),
-                        });
-                    }
-                    let mut values = Vec::new();
-                    let mut retentions = Vec::new();
-                    for f in &found {
-                        let v = f.as_ref().and_then(|f| store.bytes_of(f));
-                        let r = f.as_ref().filter(|_| v.is_some()).map(|f| match f {
-                            Found::Shared { retention, .. } | Found::Inline { retention, .. } => {
-                                *retention
-                            }
-                        });
-                        values.push(v);
-                        retentions.push(r);
-                    }
-                    Reply::BatchGetResponse { values, retentions }
-                }
-            }
-            Request::Set { item, scope } => {
-                let (accepted, reason) = self.ack(store.set(
-                    &scope,
-                    item.key,
-                    &item.value,
-                    item.retention,
-                    item.ttl_seconds,
-                    now,
-                ));
-                Reply::SetAck { accepted, reason }
-            }
-            Request::BatchSet { items, scope } => {
-                let (accepted, reasons) = items
-                    .iter()
-                    .map(|i| {
-                        self.ack(store.set(
-                            &scope,
-                            i.key,
-                            &i.value,
-                            i.retention,
-                            i.ttl_seconds,
-                            now,
-                        ))
-                    })
-                    .unzip();
-                Reply::BatchSetAck { accepted, reasons }
-            }
             Request::SetReserve { size } => match store.reserve(size, conn.id, now) {
                 Ok(g) => Reply::SetReserveResponse {
                     lease_token: g.token,
@@ -294,39 +418,122 @@ impl Daemon {
                     }
                 }
             },
-            Request::SetCommit {
-                lease_token,
-                key,
-                length,
-                scope,
-                retention,
-                ttl_seconds,
-            } => {
-                let (accepted, reason) = self.ack(store.commit(
-                    lease_token,
-                    conn.id,
-                    &scope,
-                    key,
-                    length,
-                    retention,
-                    ttl_seconds,
-                    now,
-                ));
-                Reply::SetCommitResponse { accepted, reason }
-            }
             Request::SetCancel { lease_token } => {
                 store.cancel(lease_token, conn.id);
                 Reply::SetCancelResponse
             }
-            // RAM is the only tier: everything present is already warm.
-            Request::PrefetchHint { .. } => return None,
-            Request::Exists { keys, scope } => Reply::ExistsResponse {
-                present: store.exists(&scope, &keys, now),
-            },
-            Request::Clear { scope } => Reply::ClearAck {
-                cleared_entries: store.clear(&scope),
-            },
-            Request::Stats => Reply::StatsResponse(store.stats()),
+            Request::Get { .. }
+            | Request::BatchGet { .. }
+            | Request::Set { .. }
+            | Request::BatchSet { .. }
+            | Request::SetCommit { .. }
+            | Request::PrefetchHint { .. }
+            | Request::Exists { .. }
+            | Request::Clear { .. }
+            | Request::Stats => return None,
         })
+    }
+
+    fn get_reply(&self, found: Option<Found>, conn: &Conn) -> Reply {
+        let store = self.store();
+        match found {
+            Some(Found::Shared {
+                offset,
+                length,
+                version,
+                retention,
+            }) if conn.shared => Reply::GetSharedResponse {
+                slot_offset: offset,
+                length,
+                version,
+                retention,
+                slot_size: store.slot_size(),
+            },
+            Some(found) => {
+                let retention = retention_of(&found);
+                let value = store.bytes_of(&found);
+                Reply::GetResponse {
+                    retention: value.as_ref().map(|_| retention),
+                    value,
+                }
+            }
+            None => Reply::GetResponse {
+                value: None,
+                retention: None,
+            },
+        }
+    }
+
+    fn batch_get_reply(&self, found: Vec<Option<Found>>, conn: &Conn) -> Reply {
+        let store = self.store();
+        let all_shared = found
+            .iter()
+            .flatten()
+            .all(|f| matches!(f, Found::Shared { .. }));
+        if conn.shared && all_shared {
+            let mut r = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for f in &found {
+                match f {
+                    Some(Found::Shared {
+                        offset,
+                        length,
+                        version,
+                        retention,
+                    }) => {
+                        r.0.push(i64::try_from(*offset).unwrap_or(-1));
+                        r.1.push(*length);
+                        r.2.push(*version);
+                        r.3.push(Some(*retention));
+                    }
+                    _ => {
+                        r.0.push(-1);
+                        r.1.push(0);
+                        r.2.push(0);
+                        r.3.push(None);
+                    }
+                }
+            }
+            return Reply::BatchGetSharedResponse {
+                offsets: r.0,
+                lengths: r.1,
+                versions: r.2,
+                retentions: r.3,
+                slot_size: store.slot_size(),
+            };
+        }
+        let total: u64 = found
+            .iter()
+            .flatten()
+            .map(|f| match f {
+                Found::Shared { length, .. } => *length,
+                Found::Inline { value, .. } => value.len() as u64,
+            })
+            .sum();
+        if total > self.max_reply as u64 {
+            self.metrics.error("value_too_large");
+            return Reply::Error {
+                code: "value_too_large".into(),
+                message: format!(
+                    "batch_get of {} keys would answer {total} bytes inline, more than {}; ask for fewer keys or use the shared arena",
+                    found.len(),
+                    self.max_reply
+                ),
+            };
+        }
+        let mut values = Vec::new();
+        let mut retentions = Vec::new();
+        for f in &found {
+            let v = f.as_ref().and_then(|f| store.bytes_of(f));
+            let r = f.as_ref().filter(|_| v.is_some()).map(retention_of);
+            values.push(v);
+            retentions.push(r);
+        }
+        Reply::BatchGetResponse { values, retentions }
+    }
+}
+
+fn retention_of(found: &Found) -> Retention {
+    match found {
+        Found::Shared { retention, .. } | Found::Inline { retention, .. } => *retention,
     }
 }

@@ -5,10 +5,16 @@
 //! ships a client ([`client`]).
 
 pub mod arena;
+pub mod buf;
 pub mod client;
 pub mod daemon;
+pub mod disk;
 pub mod fdpass;
+pub mod lower;
 pub mod metrics;
+pub mod queue;
+pub mod remote;
 pub mod server;
 pub mod store;
+pub mod tier;
 pub mod wire;

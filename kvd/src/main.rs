@@ -1,22 +1,28 @@
 //! The `infera-kvd` command: the daemon, and `infera-kvd stats`.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use clap::{Parser, Subcommand};
 use infera_kvd::arena::{Arena, ArenaOptions};
 use infera_kvd::client::{Client, field, request_map};
 use infera_kvd::daemon::Daemon;
+use infera_kvd::disk::device::IoMode;
+use infera_kvd::disk::{Disk, DiskOptions};
+use infera_kvd::lower::Lower;
+use infera_kvd::metrics::render_tiers;
+use infera_kvd::remote::{self, Remote, RemoteOptions};
 use infera_kvd::server::{Limits, bind, serve};
 use infera_kvd::store::Store;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
 
 /// The KV-cache daemon: engines offload KV blocks over a Unix socket (length-prefixed
 /// msgpack, the earlier daemon's protocol) and read them in place from a shared memfd
 /// arena. Sizes are in bytes.
 #[derive(Debug, Parser)]
-#[command(name = "infera-kvd", version, about, long_about = None)]
+#[command(name = "infera-kvd", version, about, long_about = None, args_override_self = true)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -57,24 +63,58 @@ struct Cli {
     /// Log lines as JSON.
     #[arg(long)]
     log_json: bool,
-    /// L3 directory for `long` entries (not available yet: the NVMe tier).
-    #[arg(long)]
+    /// L3 (NVMe tier): a directory for `long` entries, one per device (repeatable;
+    /// entries are striped over them by key hash). Each holds a pre-allocated container
+    /// file, a journal and a metadata file.
+    #[arg(long, help_heading = "NVMe tier (L3)")]
     long_path: Vec<PathBuf>,
-    /// L3 directories, comma-separated (not available yet).
-    #[arg(long, value_delimiter = ',')]
+    /// L3 directories, comma-separated (added to --long-path).
+    #[arg(long, value_delimiter = ',', help_heading = "NVMe tier (L3)")]
     long_paths: Vec<PathBuf>,
-    /// L3 budget (not available yet).
-    #[arg(long)]
+    /// L3 container bytes over all devices, split evenly. Default: an existing
+    /// container's size, else half of each filesystem's free space.
+    #[arg(long, help_heading = "NVMe tier (L3)")]
     long_bytes: Option<u64>,
-    /// L3/L4 backend (not available yet).
-    #[arg(long)]
-    long_backend: Option<String>,
-    /// L3 I/O mode (not available yet).
-    #[arg(long)]
-    io_mode: Option<String>,
-    /// Distributed tier URL (not available yet).
-    #[arg(long)]
+    /// Free bytes the L3 leaves on each filesystem: the container is sized below it, and
+    /// writes stop (counted as `below_floor`) while the filesystem is under it.
+    #[arg(long, default_value_t = 1 << 30, help_heading = "NVMe tier (L3)")]
+    long_min_free_bytes: u64,
+    /// L3 slot size. Default: the first `long` value's size, rounded up to 4 KiB (values
+    /// larger than a slot stay in RAM and L4).
+    #[arg(long, help_heading = "NVMe tier (L3)")]
+    long_slot_bytes: Option<u64>,
+    /// Most bytes waiting to be written to each L3 device (more are dropped, counted).
+    #[arg(long, default_value_t = 512 << 20, help_heading = "NVMe tier (L3)")]
+    long_queue_bytes: u64,
+    /// L3 backend: `file` (container files on local disks) is the only one.
+    #[arg(long, default_value = "file", help_heading = "NVMe tier (L3)")]
+    long_backend: String,
+    /// L3 I/O: `auto` (O_DIRECT where the filesystem allows, else buffered with a
+    /// warning; ramfs, older tmpfs and some overlay or FUSE mounts refuse it), `direct` (refuse to start without it) or
+    /// `buffered`.
+    #[arg(long, default_value = "auto", help_heading = "NVMe tier (L3)")]
+    io_mode: IoMode,
+    /// L4 (distributed tier): `redis://[user[:password]@]host[:port][/db]` or
+    /// `valkey://...`. `long` entries are written behind; misses are read through.
+    #[arg(long, help_heading = "Distributed tier (L4)")]
     remote_url: Option<String>,
+    /// First part of every L4 key (`<namespace>:<model>:<compat_key>:<key hex>`); one per
+    /// fleet sharing a store.
+    #[arg(
+        long,
+        default_value = "infera-kvd",
+        help_heading = "Distributed tier (L4)"
+    )]
+    remote_namespace: String,
+    /// Longest an L4 call may take; past it the lookup is a miss (counted).
+    #[arg(long, default_value_t = 250, help_heading = "Distributed tier (L4)")]
+    remote_timeout_ms: u64,
+    /// After an L4 failure, how long the store is skipped (lookups miss at once).
+    #[arg(long, default_value_t = 1000, help_heading = "Distributed tier (L4)")]
+    remote_retry_ms: u64,
+    /// Most bytes waiting to be written behind to L4 (more are dropped, counted).
+    #[arg(long, default_value_t = 512 << 20, help_heading = "Distributed tier (L4)")]
+    remote_queue_bytes: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -111,26 +151,94 @@ fn stats(cli: &Cli) -> Result<()> {
     Ok(())
 }
 
-fn warn_unavailable(cli: &Cli) {
-    let given: Vec<&str> = [
-        (
-            !cli.long_path.is_empty() || !cli.long_paths.is_empty(),
-            "--long-path(s)",
-        ),
-        (cli.long_bytes.is_some(), "--long-bytes"),
-        (cli.long_backend.is_some(), "--long-backend"),
-        (cli.io_mode.is_some(), "--io-mode"),
-        (cli.remote_url.is_some(), "--remote-url"),
-    ]
-    .into_iter()
-    .filter(|(set, _)| *set)
-    .map(|(_, name)| name)
-    .collect();
-    if !given.is_empty() {
-        tracing::warn!(
-            "{}: the NVMe and distributed tiers are not available yet in this build; serving from RAM only",
-            given.join(", ")
+fn open_lower(cli: &Cli) -> Result<Lower> {
+    let paths: Vec<PathBuf> = cli
+        .long_path
+        .iter()
+        .chain(&cli.long_paths)
+        .cloned()
+        .collect();
+    if cli.long_backend != "file" {
+        bail!(
+            "--long-backend {:?}: the NVMe tier's only backend is `file`; a distributed store is --remote-url",
+            cli.long_backend
         );
+    }
+    let disk = if paths.is_empty() {
+        None
+    } else {
+        Some(Arc::new(Disk::open(&DiskOptions {
+            paths,
+            bytes: cli.long_bytes,
+            min_free: cli.long_min_free_bytes,
+            io: cli.io_mode,
+            slot_bytes: cli.long_slot_bytes,
+            queue_bytes: cli.long_queue_bytes,
+        })?))
+    };
+    let remote = match &cli.remote_url {
+        None => None,
+        Some(url) => {
+            let backend = remote::open(url, Duration::from_millis(cli.remote_timeout_ms))
+                .map_err(|e| anyhow!("--remote-url: {e}"))?;
+            let r = Remote::new(
+                backend,
+                RemoteOptions {
+                    namespace: cli.remote_namespace.clone(),
+                    retry_after: Duration::from_millis(cli.remote_retry_ms),
+                    queue_bytes: cli.remote_queue_bytes,
+                },
+            );
+            tracing::info!(store = %r.describe(), namespace = %cli.remote_namespace, timeout_ms = cli.remote_timeout_ms, "distributed tier");
+            Some(Arc::new(r))
+        }
+    };
+    Ok(Lower { disk, remote })
+}
+
+/// Starts the background threads: one writer per NVMe device, the distributed tier's
+/// writer, the prefetcher.
+fn start_workers(daemon: &Arc<Daemon>) -> Result<Vec<std::thread::JoinHandle<()>>> {
+    let mut handles = Vec::new();
+    let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+        std::thread::Builder::new()
+            .name(name)
+            .spawn(f)
+            .context("starting a kvd worker thread")
+    };
+    if let Some(disk) = &daemon.lower.disk {
+        for device in 0..disk.devices() {
+            let disk = disk.clone();
+            handles.push(spawn(
+                format!("kvd-l3-{device}"),
+                Box::new(move || disk.run_writer(device)),
+            )?);
+        }
+    }
+    if let Some(remote) = &daemon.lower.remote {
+        let remote = remote.clone();
+        handles.push(spawn(
+            "kvd-l4".into(),
+            Box::new(move || remote.run_writer()),
+        )?);
+    }
+    let d = daemon.clone();
+    handles.push(spawn(
+        "kvd-prefetch".into(),
+        Box::new(move || d.run_prefetcher()),
+    )?);
+    Ok(handles)
+}
+
+/// Lets the workers finish queued writes, for at most `limit`.
+async fn drain(handles: Vec<std::thread::JoinHandle<()>>, limit: Duration) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while handles.iter().any(|h| !h.is_finished()) {
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!("stopping with writes still queued for the slower tiers");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -147,7 +255,9 @@ async fn serve_metrics(addr: SocketAddr, daemon: Arc<Daemon>) -> Result<()> {
                     let s = d.store();
                     (s.stats(), s.leases(), s.slot_size())
                 };
-                d.metrics.render(&stats, leases, slot)
+                let mut text = d.metrics.render(&stats, leases, slot);
+                text.push_str(&render_tiers(&stats, &d.lower, &d.prefetched));
+                text
             }
         }),
     );
@@ -161,7 +271,6 @@ async fn serve_metrics(addr: SocketAddr, daemon: Arc<Daemon>) -> Result<()> {
 }
 
 async fn run(cli: Cli) -> Result<()> {
-    warn_unavailable(&cli);
     let arena_bytes = cli.shared_arena_bytes.unwrap_or(cli.max_bytes);
     if arena_bytes > cli.max_bytes {
         bail!(
@@ -191,7 +300,8 @@ async fn run(cli: Cli) -> Result<()> {
         cli.max_value_bytes,
     );
     daemon.allowed_uids = cli.allow_uid.clone();
-    let daemon = Arc::new(daemon);
+    let daemon = Arc::new(daemon.with_lower(open_lower(&cli)?));
+    let workers = start_workers(&daemon)?;
     if !cli.metrics_addr.is_empty() {
         let addr: SocketAddr = cli
             .metrics_addr
@@ -214,8 +324,10 @@ async fn run(cli: Cli) -> Result<()> {
             _ = int.recv() => {}
         }
     };
-    serve(listener, daemon, limits, shutdown).await;
+    serve(listener, daemon.clone(), limits, shutdown).await;
     let _ = std::fs::remove_file(&cli.socket);
+    daemon.close();
+    drain(workers, Duration::from_secs(30)).await;
     tracing::info!("kvd stopped");
     Ok(())
 }

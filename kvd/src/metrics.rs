@@ -1,10 +1,14 @@
 //! kvd's Prometheus metrics: the store's counters and sizes, rejections, and op
 //! latencies per op.
 
+use crate::daemon::PrefetchCounters;
+use crate::lower::Lower;
+use crate::tier::{Tier, TierCounters};
 use crate::wire::Stats;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Upper bounds (seconds) of the op latency histogram.
@@ -203,4 +207,195 @@ impl Metrics {
         }
         out
     }
+}
+
+fn family(out: &mut String, name: &str, help: &str, kind: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// The tiers' part of the exposition: hits per tier (RAM's from `ram`), and for L3/L4
+/// what they read, wrote, evicted, promoted and failed at; then prefetch outcomes.
+pub fn render_tiers(ram: &Stats, lower: &Lower, prefetched: &PrefetchCounters) -> String {
+    let mut out = String::new();
+    let mut tiers: Vec<(Tier, &TierCounters)> = Vec::new();
+    if let Some(d) = &lower.disk {
+        tiers.push((Tier::Nvme, &d.counters));
+    }
+    if let Some(r) = &lower.remote {
+        tiers.push((Tier::Remote, &r.counters));
+    }
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    type Pick = fn(&TierCounters) -> &AtomicU64;
+    let counters: [(&str, &str, Pick); 8] = [
+        ("hits_total", "Lookups answered by the tier.", |c| &c.hits),
+        (
+            "misses_total",
+            "Lookups the tier did not answer (failures included).",
+            |c| &c.misses,
+        ),
+        ("read_bytes_total", "Bytes read for hits.", |c| {
+            &c.read_bytes
+        }),
+        ("writes_total", "Entries written to the tier.", |c| {
+            &c.writes
+        }),
+        ("write_bytes_total", "Bytes written to the tier.", |c| {
+            &c.write_bytes
+        }),
+        (
+            "evictions_total",
+            "Entries evicted from the tier to make room.",
+            |c| &c.evictions,
+        ),
+        (
+            "promotions_total",
+            "Entries brought up into RAM after a hit in the tier.",
+            |c| &c.promotions,
+        ),
+        (
+            "read_nanoseconds_total",
+            "Time spent reading hits, in nanoseconds.",
+            |c| &c.read_nanos,
+        ),
+    ];
+    for (suffix, help, pick) in counters {
+        let name = format!("infera_kvd_tier_{suffix}");
+        family(&mut out, &name, help, "counter");
+        if suffix == "hits_total" {
+            let _ = writeln!(out, "{name}{{tier=\"ram\"}} {}", ram.hits_total);
+        }
+        if suffix == "misses_total" {
+            let _ = writeln!(out, "{name}{{tier=\"ram\"}} {}", ram.misses_total);
+        }
+        if suffix == "evictions_total" {
+            let _ = writeln!(out, "{name}{{tier=\"ram\"}} {}", ram.evictions_total);
+        }
+        for (tier, c) in &tiers {
+            let _ = writeln!(out, "{name}{{tier=\"{}\"}} {}", tier.label(), load(pick(c)));
+        }
+    }
+    family(
+        &mut out,
+        "infera_kvd_tier_failures_total",
+        "Tier operations that failed and became misses or dropped writes, by op and reason.",
+        "counter",
+    );
+    for (tier, c) in &tiers {
+        for ((op, reason), n) in c.failures() {
+            let _ = writeln!(
+                out,
+                "infera_kvd_tier_failures_total{{tier=\"{}\",op=\"{op}\",reason=\"{reason}\"}} {n}",
+                tier.label()
+            );
+        }
+    }
+    family(
+        &mut out,
+        "infera_kvd_tier_entries",
+        "Entries held by the tier.",
+        "gauge",
+    );
+    let _ = writeln!(
+        out,
+        "infera_kvd_tier_entries{{tier=\"ram\"}} {}",
+        ram.entries
+    );
+    family(
+        &mut out,
+        "infera_kvd_tier_bytes",
+        "Bytes held by the tier.",
+        "gauge",
+    );
+    let _ = writeln!(
+        out,
+        "infera_kvd_tier_bytes{{tier=\"ram\"}} {}",
+        ram.host_bytes
+    );
+    family(
+        &mut out,
+        "infera_kvd_tier_queued_writes",
+        "Writes waiting for the tier.",
+        "gauge",
+    );
+    if let Some(d) = &lower.disk {
+        let r = d.report();
+        let _ = writeln!(
+            out,
+            "infera_kvd_tier_entries{{tier=\"nvme\"}} {}",
+            r.entries
+        );
+        let _ = writeln!(out, "infera_kvd_tier_bytes{{tier=\"nvme\"}} {}", r.bytes);
+        let _ = writeln!(
+            out,
+            "infera_kvd_tier_queued_writes{{tier=\"nvme\"}} {}",
+            r.queued
+        );
+        family(
+            &mut out,
+            "infera_kvd_nvme_capacity_bytes",
+            "Container bytes over all devices.",
+            "gauge",
+        );
+        let _ = writeln!(out, "infera_kvd_nvme_capacity_bytes {}", r.capacity);
+        family(
+            &mut out,
+            "infera_kvd_nvme_journal_bytes",
+            "Journal bytes over all devices.",
+            "gauge",
+        );
+        let _ = writeln!(out, "infera_kvd_nvme_journal_bytes {}", r.journal_bytes);
+        family(
+            &mut out,
+            "infera_kvd_nvme_slot_size_bytes",
+            "NVMe slot size (0 until the first write).",
+            "gauge",
+        );
+        let _ = writeln!(out, "infera_kvd_nvme_slot_size_bytes {}", r.slot_size);
+        family(
+            &mut out,
+            "infera_kvd_nvme_devices",
+            "NVMe tier devices, by I/O mode.",
+            "gauge",
+        );
+        let _ = writeln!(out, "infera_kvd_nvme_devices{{io=\"direct\"}} {}", r.direct);
+        let _ = writeln!(
+            out,
+            "infera_kvd_nvme_devices{{io=\"buffered\"}} {}",
+            r.devices - r.direct
+        );
+    }
+    if let Some(r) = &lower.remote {
+        let _ = writeln!(
+            out,
+            "infera_kvd_tier_queued_writes{{tier=\"remote\"}} {}",
+            r.queued()
+        );
+        family(
+            &mut out,
+            "infera_kvd_remote_up",
+            "0 while the distributed store is skipped after a failure.",
+            "gauge",
+        );
+        let _ = writeln!(out, "infera_kvd_remote_up {}", u8::from(!r.is_down()));
+    }
+    family(
+        &mut out,
+        "infera_kvd_prefetch_keys_total",
+        "prefetch_hint keys by outcome.",
+        "counter",
+    );
+    for (outcome, n) in [
+        ("warmed", &prefetched.warmed),
+        ("present", &prefetched.present),
+        ("missing", &prefetched.missing),
+        ("late", &prefetched.late),
+        ("dropped", &prefetched.dropped),
+    ] {
+        let _ = writeln!(
+            out,
+            "infera_kvd_prefetch_keys_total{{outcome=\"{outcome}\"}} {}",
+            load(n)
+        );
+    }
+    out
 }

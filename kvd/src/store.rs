@@ -414,8 +414,14 @@ impl Store {
             return None;
         };
         self.touch(id);
+        let found = self.found(id)?;
+        self.counters.hits_total += 1;
+        Some(found)
+    }
+
+    fn found(&self, id: EntryId) -> Option<Found> {
         let e = self.entries.get(&id)?;
-        let found = match (&e.place, &self.arena) {
+        Some(match (&e.place, &self.arena) {
             (Place::Slot(s), Some(a)) => Found::Shared {
                 offset: a.payload_offset(*s) as u64,
                 length: e.length as u64,
@@ -427,9 +433,33 @@ impl Store {
                 retention: e.retention,
             },
             (Place::Slot(_), None) => return None,
-        };
-        self.counters.hits_total += 1;
-        Some(found)
+        })
+    }
+
+    /// Brings a value found in a slower tier into RAM (not counted as a set, and no
+    /// expiry) and returns how to answer with it; `Err` when RAM will not take it.
+    pub fn promote(
+        &mut self,
+        scope: &Scope,
+        key: Key,
+        value: &[u8],
+        retention: Retention,
+        now: Instant,
+    ) -> Result<Found, String> {
+        let sets = self.counters.sets_total;
+        let stored = self.set(scope, key, value, retention, None, now);
+        self.counters.sets_total = sets;
+        stored?;
+        self.lookup(scope, &key, now)
+            .and_then(|id| self.found(id))
+            .ok_or_else(|| "promoted entry vanished".into())
+    }
+
+    /// A copy of a key's bytes (not counted as a get).
+    pub fn peek(&mut self, scope: &Scope, key: &Key, now: Instant) -> Option<Vec<u8>> {
+        let id = self.lookup(scope, key, now)?;
+        let found = self.found(id)?;
+        self.bytes_of(&found)
     }
 
     /// The bytes of a found value (copied out of the arena when shared).

@@ -108,6 +108,8 @@ pub enum Request {
         keys: Vec<Key>,
         /// Scope.
         scope: Scope,
+        /// Warming later than this many milliseconds is pointless.
+        deadline_ms: u64,
     },
     /// Which keys are present.
     Exists {
@@ -407,6 +409,8 @@ pub fn parse_request(body: &[u8], max_value: usize) -> Result<Request, WireError
         "prefetch_hint" => Request::PrefetchHint {
             keys: f.keys("keys")?,
             scope: f.scope()?,
+            deadline_ms: u64::try_from(f.int_or("deadline_ms", Some(1000))?.unwrap_or(1000))
+                .unwrap_or(0),
         },
         "exists" => Request::Exists {
             keys: f.keys("keys")?,

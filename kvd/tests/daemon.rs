@@ -6,71 +6,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use infera_kvd::client::{Client, field, request_map};
-use infera_testkit::process::{ServerProcess, free_port};
+mod support;
+
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
+use support::{metric, metrics, start};
 
 const MSGPACK: &str = "msgpack==1.2.4";
-
-struct Kvd {
-    process: ServerProcess,
-    socket: PathBuf,
-    metrics: u16,
-    _dir: tempfile::TempDir,
-}
-
-fn start(extra: &[&str]) -> Kvd {
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("kvd.sock");
-    let metrics = free_port().unwrap();
-    let mut args: Vec<String> = vec![
-        "--socket".into(),
-        socket.display().to_string(),
-        "--max-bytes".into(),
-        (64u64 << 20).to_string(),
-        "--max-value-bytes".into(),
-        (1u64 << 20).to_string(),
-        "--metrics-addr".into(),
-        format!("127.0.0.1:{metrics}"),
-    ];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let process = ServerProcess::start(
-        Path::new(env!("CARGO_BIN_EXE_infera-kvd")),
-        &args,
-        &dir.path().join("kvd.log"),
-    )
-    .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        assert!(Instant::now() < deadline, "kvd never listened");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Kvd {
-        process,
-        socket,
-        metrics,
-        _dir: dir,
-    }
-}
-
-fn metrics(port: u16) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
-}
-
-fn metric(port: u16, name: &str) -> f64 {
-    metrics(port)
-        .lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or(-1.0)
-}
 
 #[test]
 fn a_python_client_from_the_field_table_does_every_op_and_reads_in_place() {
@@ -217,13 +161,6 @@ fn stats_subcommand_a_second_daemon_and_sigterm() {
         !kvd.socket.exists(),
         "the socket file is removed on shutdown"
     );
-}
-
-#[test]
-fn flags_of_the_later_tiers_are_accepted_with_a_warning() {
-    let kvd = start(&["--long-path", "/tmp/nvme", "--long-bytes", "1000000"]);
-    let log = std::fs::read_to_string(kvd.socket.parent().unwrap().join("kvd.log")).unwrap();
-    assert!(log.contains("not available yet"), "{log}");
 }
 
 #[test]

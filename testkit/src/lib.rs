@@ -17,6 +17,7 @@ pub mod nats;
 pub mod process;
 pub mod python_tools;
 mod ready;
+pub mod redis;
 mod shared;
 
 pub use shared::{

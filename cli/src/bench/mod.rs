@@ -14,6 +14,7 @@ pub mod s3;
 pub mod s4;
 pub mod s5;
 pub mod s6;
+pub mod s6_tiers;
 pub mod s7;
 pub mod stats;
 pub mod workload;
@@ -38,7 +39,8 @@ pub enum Scenario {
     S4,
     /// Control plane scale (needs --etcd).
     S5,
-    /// kvd RAM tier: arena GET vs inline GET vs memcpy.
+    /// kvd: RAM tier (arena GET vs inline GET vs memcpy), then the NVMe and Redis tiers
+    /// (L3 read vs the disk's O_DIRECT read, L4 latency, prefix reload vs recompute).
     S6,
     /// Operator scale (needs --kubeconfig of a kube-apiserver with the CRDs installed).
     S7,
@@ -64,6 +66,17 @@ pub struct BenchArgs {
     /// etcd client URL (S5 writes worker records there).
     #[arg(long, value_name = "URL")]
     pub etcd: Option<String>,
+    /// S6: which part, `all`, `ram` or `tiers`.
+    #[arg(long, default_value = "all", value_parser = ["all", "ram", "tiers"])]
+    pub s6_part: String,
+    /// S6: directory for the NVMe tier (default: a temp dir under --out). Put it on the
+    /// disk to measure; its filesystem is reported.
+    #[arg(long, value_name = "DIR")]
+    pub l3_path: Option<PathBuf>,
+    /// S6: a Redis/Valkey for the distributed tier (default: start `redis-server` from
+    /// PATH; without either, the L4 rows are skipped).
+    #[arg(long, value_name = "URL")]
+    pub redis_url: Option<String>,
     /// Admin kubeconfig of a kube-apiserver with Infera's CRDs installed (S7).
     #[arg(long, value_name = "PATH")]
     pub kubeconfig: Option<PathBuf>,
@@ -109,6 +122,19 @@ fn scenario_file(s: Scenario) -> &'static str {
         Scenario::S5 => include_str!("../../../bench/scenarios/s5.yaml"),
         Scenario::S6 => include_str!("../../../bench/scenarios/s6.yaml"),
         Scenario::S7 => include_str!("../../../bench/scenarios/s7.yaml"),
+    }
+}
+
+/// Appends `more`'s runs to `into`'s and adds its verdicts.
+fn merge(into: &mut Value, more: Value) {
+    if let (Some(runs), Some(extra)) = (into["runs"].as_array_mut(), more["runs"].as_array()) {
+        runs.extend(extra.iter().cloned());
+    }
+    if let (Some(v), Some(extra)) = (
+        into["verdicts"].as_object_mut(),
+        more["verdicts"].as_object(),
+    ) {
+        v.extend(extra.clone());
     }
 }
 
@@ -279,6 +305,7 @@ fn rows(id: &str, result: &Value) -> (Vec<&'static str>, Vec<Vec<String>>) {
                 "GET p50 ms",
                 "GET p99 ms",
                 "put p50 ms",
+                "total ms",
             ],
             runs.iter()
                 .map(|r| {
@@ -289,6 +316,7 @@ fn rows(id: &str, result: &Value) -> (Vec<&'static str>, Vec<Vec<String>>) {
                         num(&r["get_ms"]["p50"]),
                         num(&r["get_ms"]["p99"]),
                         num(&r["put_ms"]["p50"]),
+                        num(&r["total_ms"]),
                     ]
                 })
                 .collect(),
@@ -434,10 +462,12 @@ fn plot(id: &str, title: &str, result: &Value) -> String {
             .enumerate()
             .map(|(i, r)| (i as f64 + 1.0, r["get_gb_per_s"].as_f64().unwrap_or(0.0)))
             .collect();
-        series.push((
-            "GET GB/s: 1 memcpy, 2 arena, 3 inline, 4 inline 1 MiB".into(),
-            pts,
-        ));
+        let names: Vec<String> = runs
+            .iter()
+            .enumerate()
+            .map(|(i, r)| format!("{} {}", i + 1, r["mode"].as_str().unwrap_or("")))
+            .collect();
+        series.push((format!("GET GB/s: {}", names.join(", ")), pts));
         return svg_plot(&format!("S6 {title}"), "mode", "GB/s", &series);
     }
     if id == "s7" {
@@ -592,7 +622,24 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         }
         Scenario::S6 => {
             let kvd = std::env::current_exe()?.with_file_name("infera-kvd");
-            s6::run(&ctx, &serde_json::from_value(size.clone())?, &kvd)?
+            let mut result = json!({"runs": [], "verdicts": {}});
+            if args.s6_part != "tiers" {
+                result = s6::run(&ctx, &serde_json::from_value(size.clone())?, &kvd)?;
+            }
+            if args.s6_part != "ram" {
+                let profile = infera_sim::profile::LatencyProfile::builtin(&file.profile)
+                    .with_context(|| format!("unknown profile {}", file.profile))?;
+                let tiers = s6_tiers::TierSize::from_value(size)?;
+                let recompute_ms = profile.prefill_ms(tiers.prefix_tokens(), 0);
+                let target = s6_tiers::TierTarget {
+                    l3_path: args.l3_path.clone(),
+                    redis_url: args.redis_url.clone(),
+                    out: args.out.clone(),
+                };
+                let more = s6_tiers::run(&tiers, &kvd, &target, recompute_ms)?;
+                merge(&mut result, more);
+            }
+            result
         }
         Scenario::S7 => {
             let Some(kubeconfig) = args.kubeconfig.clone() else {

@@ -26,9 +26,11 @@ pub struct Size {
     inline_probe_ops: usize,
 }
 
-struct Daemon {
+/// A running `infera-kvd`, killed on drop.
+pub(super) struct Daemon {
     child: std::process::Child,
-    socket: PathBuf,
+    /// Its socket.
+    pub(super) socket: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -39,24 +41,44 @@ impl Drop for Daemon {
     }
 }
 
+impl Daemon {
+    /// Stops it with SIGTERM (queued writes are finished) and waits.
+    pub(super) fn stop(mut self) -> Result<()> {
+        let pid = i32::try_from(self.child.id())?;
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()?;
+        self.child.wait()?;
+        Ok(())
+    }
+}
+
 fn start(binary: &Path, ram: u64, max_value: usize) -> Result<Daemon> {
+    start_with(
+        binary,
+        &[
+            "--max-bytes".into(),
+            ram.to_string(),
+            "--max-value-bytes".into(),
+            max_value.to_string(),
+            "--metrics-addr".into(),
+            String::new(),
+        ],
+    )
+}
+
+/// Starts `binary` with `args` on a socket of its own and waits until it listens.
+pub(super) fn start_with(binary: &Path, args: &[String]) -> Result<Daemon> {
     let dir = tempfile::tempdir()?;
     let socket = dir.path().join("kvd.sock");
     let child = std::process::Command::new(binary)
         .arg("--socket")
         .arg(&socket)
-        .args([
-            "--max-bytes",
-            &ram.to_string(),
-            "--max-value-bytes",
-            &max_value.to_string(),
-            "--metrics-addr",
-            "",
-        ])
+        .args(args)
         .env("RUST_LOG", "warn")
         .spawn()
         .with_context(|| format!("starting {}", binary.display()))?;
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(120);
     while std::os::unix::net::UnixStream::connect(&socket).is_err() {
         if Instant::now() > deadline {
             bail!(
@@ -74,7 +96,7 @@ fn start(binary: &Path, ram: u64, max_value: usize) -> Result<Daemon> {
     })
 }
 
-fn key(i: u64) -> [u8; 8] {
+pub(super) fn key(i: u64) -> [u8; 8] {
     i.to_be_bytes()
 }
 
@@ -89,7 +111,7 @@ fn get_map(k: u64) -> Value {
 }
 
 /// One GET; the bytes land in `buf`. Returns whether it hit.
-fn get(c: &mut Client, k: u64, buf: &mut Vec<u8>) -> Result<bool> {
+pub(super) fn get(c: &mut Client, k: u64, buf: &mut Vec<u8>) -> Result<bool> {
     let reply = c.request(&get_map(k))?;
     match field(&reply, "op").and_then(Value::as_str) {
         Some("get_shared_response") => {
@@ -115,7 +137,7 @@ fn get(c: &mut Client, k: u64, buf: &mut Vec<u8>) -> Result<bool> {
     }
 }
 
-fn gbps(bytes: u64, secs: f64) -> f64 {
+pub(super) fn gbps(bytes: u64, secs: f64) -> f64 {
     if secs > 0.0 {
         bytes as f64 / secs / 1e9
     } else {

@@ -103,6 +103,7 @@ fn every_golden_request_parses_to_its_fields() {
             "prefetch_hint" => Request::PrefetchHint {
                 keys: m["keys"].as_array().unwrap().iter().map(key).collect(),
                 scope: scope(&m),
+                deadline_ms: m["deadline_ms"].as_u64().unwrap_or(1000),
             },
             "exists" => Request::Exists {
                 keys: m["keys"].as_array().unwrap().iter().map(key).collect(),

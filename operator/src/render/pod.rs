@@ -128,6 +128,18 @@ pub fn restricted_security() -> SecurityContext {
     }
 }
 
+/// kvd's: restricted, except that with an NVMe tier it runs as root (still without any
+/// capability) to own the files it creates in the hostPath directory, which the kubelet
+/// creates root-owned.
+fn kvd_security(nvme: bool) -> SecurityContext {
+    let mut s = restricted_security();
+    if nvme {
+        s.run_as_non_root = Some(false);
+        s.run_as_user = Some(0);
+    }
+    s
+}
+
 /// The engine container's resources: the user's CPU and memory plus GPUs and RDMA
 /// devices (extended resources: requests equal limits).
 fn engine_resources(
@@ -353,7 +365,7 @@ fn kvd_container(spec: &InferaDeploymentSpec, images: &Images) -> Container {
         }]),
         restart_policy: Some("Always".into()),
         volume_mounts: Some(mounts),
-        security_context: Some(restricted_security()),
+        security_context: Some(kvd_security(kv.nvme.is_some())),
         resources: Some(ResourceRequirements {
             requests: Some(BTreeMap::from([
                 ("cpu".into(), quantity("500m")),

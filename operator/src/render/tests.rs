@@ -506,6 +506,15 @@ fn kvd_joins_the_pod_with_a_shared_socket_when_on() {
         Some("1099511627776"),
         "1Ti"
     );
+    assert_eq!(
+        (
+            &kvd["securityContext"]["runAsUser"],
+            &kvd["securityContext"]["runAsNonRoot"],
+            &kvd["securityContext"]["capabilities"]["drop"][0],
+        ),
+        (&json!(0), &json!(false), &json!("ALL")),
+        "root without capabilities, to own its files in the root-owned hostPath"
+    );
     let engine = container(pod, "containers", "engine");
     assert_eq!(
         env_value(engine, "INFERA_KVD_SOCKET").as_deref(),

@@ -1,0 +1,455 @@
+//! The Redis/Valkey backend: RESP2 over TCP, a small pool of connections, and every
+//! call bounded by a deadline so a slow or dead server costs an engine at most the
+//! timeout.
+
+use super::naming::Pattern;
+use super::resp::{self, Value};
+use super::{Backend, RemoteError};
+use crate::buf::Buf;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// Where the server is and how to log in, from `redis://[user[:password]@]host[:port][/db]`
+/// (`valkey://` is the same).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisUrl {
+    /// Host name or address.
+    pub host: String,
+    /// Port (6379 when not given).
+    pub port: u16,
+    /// ACL user.
+    pub username: Option<String>,
+    /// Password.
+    pub password: Option<String>,
+    /// Database number.
+    pub db: u32,
+}
+
+/// Parses a Redis URL; the error says what is wrong with it.
+pub fn parse_url(url: &str) -> Result<RedisUrl, String> {
+    let rest = url
+        .strip_prefix("redis://")
+        .or_else(|| url.strip_prefix("valkey://"))
+        .ok_or_else(|| format!("{url:?}: expected redis://host[:port][/db] or valkey://..."))?;
+    let (auth, rest) = match rest.rsplit_once('@') {
+        Some((a, r)) => (Some(a), r),
+        None => (None, rest),
+    };
+    let (hostport, db) = match rest.split_once('/') {
+        Some((h, "")) => (h, 0),
+        Some((h, d)) => (
+            h,
+            d.parse()
+                .map_err(|_| format!("{url:?}: database {d:?} is not a number"))?,
+        ),
+        None => (rest, 0),
+    };
+    let (host, port) = match hostport.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (
+            h,
+            p.parse()
+                .map_err(|_| format!("{url:?}: port {p:?} is not a number"))?,
+        ),
+        _ => (hostport, 6379),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return Err(format!("{url:?}: no host"));
+    }
+    let (username, password) = match auth {
+        None => (None, None),
+        Some(a) => match a.split_once(':') {
+            Some((u, p)) => ((!u.is_empty()).then(|| u.to_owned()), Some(p.to_owned())),
+            None => (None, Some(a.to_owned())),
+        },
+    };
+    Ok(RedisUrl {
+        host: host.to_owned(),
+        port,
+        username,
+        password,
+        db,
+    })
+}
+
+#[derive(Debug)]
+struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+/// Connections kept open for reuse.
+const POOL: usize = 16;
+
+/// A Redis or Valkey server.
+#[derive(Debug)]
+pub struct Redis {
+    url: RedisUrl,
+    timeout: Duration,
+    pool: Mutex<Vec<Conn>>,
+}
+
+fn io_error(e: &std::io::Error) -> RemoteError {
+    match e.kind() {
+        ErrorKind::WouldBlock | ErrorKind::TimedOut => RemoteError::Timeout,
+        _ => RemoteError::Unavailable(e.to_string()),
+    }
+}
+
+fn remaining(deadline: Instant) -> Result<Duration, RemoteError> {
+    deadline
+        .checked_duration_since(Instant::now())
+        .filter(|d| !d.is_zero())
+        .ok_or(RemoteError::Timeout)
+}
+
+impl Redis {
+    /// A backend for `url`, each call bounded by `timeout`.
+    pub fn new(url: RedisUrl, timeout: Duration) -> Self {
+        Self {
+            url,
+            timeout,
+            pool: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn connect(&self, deadline: Instant) -> Result<Conn, RemoteError> {
+        let addrs = (self.url.host.as_str(), self.url.port)
+            .to_socket_addrs()
+            .map_err(|e| RemoteError::Unavailable(format!("resolving {}: {e}", self.url.host)))?;
+        let mut last = RemoteError::Unavailable(format!("{} has no address", self.url.host));
+        for addr in addrs {
+            match TcpStream::connect_timeout(&addr, remaining(deadline)?) {
+                Ok(stream) => {
+                    let _ = stream.set_nodelay(true);
+                    let mut conn = Conn {
+                        stream,
+                        buf: Vec::new(),
+                    };
+                    self.log_in(&mut conn, deadline)?;
+                    return Ok(conn);
+                }
+                Err(e) => last = io_error(&e),
+            }
+        }
+        Err(last)
+    }
+
+    fn log_in(&self, conn: &mut Conn, deadline: Instant) -> Result<(), RemoteError> {
+        let mut cmds: Vec<Vec<Vec<u8>>> = Vec::new();
+        if let Some(p) = &self.url.password {
+            let mut auth = vec![b"AUTH".to_vec()];
+            if let Some(u) = &self.url.username {
+                auth.push(u.as_bytes().to_vec());
+            }
+            auth.push(p.as_bytes().to_vec());
+            cmds.push(auth);
+        }
+        if self.url.db != 0 {
+            cmds.push(vec![
+                b"SELECT".to_vec(),
+                self.url.db.to_string().into_bytes(),
+            ]);
+        }
+        if cmds.is_empty() {
+            return Ok(());
+        }
+        let refs: Vec<Vec<&[u8]>> = cmds
+            .iter()
+            .map(|c| c.iter().map(Vec::as_slice).collect())
+            .collect();
+        for reply in roundtrip(conn, &refs, deadline)? {
+            if let Value::Error(e) = reply {
+                return Err(RemoteError::Unavailable(format!("logging in: {e}")));
+            }
+        }
+        Ok(())
+    }
+
+    fn checkout(&self, deadline: Instant) -> Result<Conn, RemoteError> {
+        let pooled = self
+            .pool
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        match pooled {
+            Some(c) => Ok(c),
+            None => self.connect(deadline),
+        }
+    }
+
+    fn checkin(&self, mut conn: Conn) {
+        conn.buf.clear();
+        if conn.buf.capacity() > KEEP_BUF {
+            conn.buf = Vec::new();
+        }
+        let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+        if pool.len() < POOL {
+            pool.push(conn);
+        }
+    }
+
+    /// Sends `cmds` pipelined and returns their replies, within `budget`.
+    fn call(&self, cmds: &[Vec<&[u8]>], budget: Duration) -> Result<Vec<Value>, RemoteError> {
+        let deadline = Instant::now() + budget;
+        let mut conn = self.checkout(deadline)?;
+        let replies = roundtrip(&mut conn, cmds, deadline)?;
+        self.checkin(conn);
+        Ok(replies)
+    }
+}
+
+/// A connection's read buffer is dropped rather than kept when larger than this.
+const KEEP_BUF: usize = 1 << 20;
+/// Arguments at least this large are written from where they are, not copied.
+const COPY_LIMIT: usize = 64 << 10;
+
+fn send(conn: &mut Conn, cmds: &[Vec<&[u8]>], deadline: Instant) -> Result<(), RemoteError> {
+    conn.stream
+        .set_write_timeout(Some(remaining(deadline)?))
+        .map_err(|e| io_error(&e))?;
+    let mut out = Vec::new();
+    for c in cmds {
+        out.extend_from_slice(format!("*{}\r\n", c.len()).as_bytes());
+        for a in c {
+            out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            if a.len() >= COPY_LIMIT {
+                conn.stream.write_all(&out).map_err(|e| io_error(&e))?;
+                out.clear();
+                conn.stream.write_all(a).map_err(|e| io_error(&e))?;
+            } else {
+                out.extend_from_slice(a);
+            }
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+    conn.stream.write_all(&out).map_err(|e| io_error(&e))
+}
+
+/// Reads more of the reply starting at `conn.buf[start..]`: the rest of a bulk string
+/// straight into the buffer (no zero-filling), else what the socket has.
+fn fill(conn: &mut Conn, start: usize, deadline: Instant) -> Result<(), RemoteError> {
+    conn.stream
+        .set_read_timeout(Some(remaining(deadline)?))
+        .map_err(|e| io_error(&e))?;
+    let have = conn.buf.len() - start;
+    let n = match resp::bulk_span(&conn.buf[start..]) {
+        Some((_, _, total)) if total > have => {
+            let missing = (total - have).min(4 << 20);
+            conn.buf.reserve(missing);
+            (&mut conn.stream)
+                .take(missing as u64)
+                .read_to_end(&mut conn.buf)
+                .map_err(|e| io_error(&e))?
+        }
+        _ => {
+            let mut chunk = [0u8; 16 << 10];
+            let n = conn.stream.read(&mut chunk).map_err(|e| io_error(&e))?;
+            conn.buf.extend_from_slice(&chunk[..n]);
+            n
+        }
+    };
+    if n == 0 {
+        return Err(RemoteError::Unavailable(
+            "the server closed the connection".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn roundtrip(
+    conn: &mut Conn,
+    cmds: &[Vec<&[u8]>],
+    deadline: Instant,
+) -> Result<Vec<Value>, RemoteError> {
+    send(conn, cmds, deadline)?;
+    let mut replies = Vec::with_capacity(cmds.len());
+    let mut start = 0;
+    while replies.len() < cmds.len() {
+        if let Some((v, used)) =
+            resp::parse(&conn.buf[start..]).map_err(|e| RemoteError::Protocol(e.to_string()))?
+        {
+            replies.push(v);
+            start += used;
+            continue;
+        }
+        fill(conn, start, deadline)?;
+    }
+    Ok(replies)
+}
+
+fn refused(v: &Value) -> Option<RemoteError> {
+    match v {
+        Value::Error(e) => Some(RemoteError::Protocol(e.clone())),
+        _ => None,
+    }
+}
+
+/// SCAN's budget for one `clear`.
+const CLEAR_BUDGET: Duration = Duration::from_secs(30);
+
+impl Backend for Redis {
+    fn describe(&self) -> String {
+        format!(
+            "redis://{}:{}/{}",
+            self.url.host, self.url.port, self.url.db
+        )
+    }
+
+    fn get(&self, name: &str) -> Result<Option<Buf>, RemoteError> {
+        let deadline = Instant::now() + self.timeout;
+        let mut conn = self.checkout(deadline)?;
+        send(&mut conn, &[vec![b"GET", name.as_bytes()]], deadline)?;
+        loop {
+            if let Some((start, end, total)) = resp::bulk_span(&conn.buf) {
+                if conn.buf.len() == total {
+                    // The value is taken where it was read: no copy.
+                    let data = std::mem::take(&mut conn.buf);
+                    self.checkin(conn);
+                    return Ok(Some(Buf::view(data, start, end)));
+                }
+                if conn.buf.len() > total {
+                    return Err(RemoteError::Protocol(
+                        "GET answered more than one reply".into(),
+                    ));
+                }
+            } else if let Some((v, _)) =
+                resp::parse(&conn.buf).map_err(|e| RemoteError::Protocol(e.to_string()))?
+            {
+                return match v {
+                    Value::Bulk(None) => {
+                        self.checkin(conn);
+                        Ok(None)
+                    }
+                    other => Err(refused(&other).unwrap_or_else(|| {
+                        RemoteError::Protocol(format!("GET answered {other:?}"))
+                    })),
+                };
+            }
+            fill(&mut conn, 0, deadline)?;
+        }
+    }
+
+    fn put(&self, name: &str, value: &[u8], ttl: Option<Duration>) -> Result<(), RemoteError> {
+        let ms = ttl.map(|t| t.as_millis().max(1).to_string());
+        let mut cmd: Vec<&[u8]> = vec![b"SET", name.as_bytes(), value];
+        if let Some(ms) = &ms {
+            cmd.extend([b"PX".as_slice(), ms.as_bytes()]);
+        }
+        let replies = self.call(&[cmd], self.timeout)?;
+        match replies.first() {
+            Some(Value::Simple(_)) => Ok(()),
+            Some(other) => Err(refused(other)
+                .unwrap_or_else(|| RemoteError::Protocol(format!("SET answered {other:?}")))),
+            None => Err(RemoteError::Protocol("no reply".into())),
+        }
+    }
+
+    fn exists(&self, names: &[String]) -> Result<Vec<bool>, RemoteError> {
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        let cmds: Vec<Vec<&[u8]>> = names
+            .iter()
+            .map(|n| vec![b"EXISTS".as_slice(), n.as_bytes()])
+            .collect();
+        self.call(&cmds, self.timeout)?
+            .into_iter()
+            .map(|v| match v {
+                Value::Int(n) => Ok(n > 0),
+                other => Err(refused(&other).unwrap_or_else(|| {
+                    RemoteError::Protocol(format!("EXISTS answered {other:?}"))
+                })),
+            })
+            .collect()
+    }
+
+    fn clear(&self, pattern: &Pattern) -> Result<u64, RemoteError> {
+        let deadline = Instant::now() + CLEAR_BUDGET;
+        let mut cursor = b"0".to_vec();
+        let mut removed = 0;
+        loop {
+            let scan = self.call(
+                &[vec![
+                    b"SCAN",
+                    &cursor,
+                    b"MATCH",
+                    pattern.glob.as_bytes(),
+                    b"COUNT",
+                    b"1000",
+                ]],
+                remaining(deadline)?,
+            )?;
+            let Some(Value::Array(Some(parts))) = scan.into_iter().next() else {
+                return Err(RemoteError::Protocol("SCAN answered no array".into()));
+            };
+            let mut parts = parts.into_iter();
+            let (Some(Value::Bulk(Some(next))), Some(Value::Array(Some(keys)))) =
+                (parts.next(), parts.next())
+            else {
+                return Err(RemoteError::Protocol("SCAN answered an odd array".into()));
+            };
+            let keys: Vec<Vec<u8>> = keys
+                .into_iter()
+                .filter_map(|k| match k {
+                    Value::Bulk(Some(k)) => Some(k),
+                    _ => None,
+                })
+                .collect();
+            if !keys.is_empty() {
+                let mut cmd: Vec<&[u8]> = vec![b"UNLINK"];
+                cmd.extend(keys.iter().map(Vec::as_slice));
+                if let Some(Value::Int(n)) = self.call(&[cmd], remaining(deadline)?)?.first() {
+                    removed += u64::try_from(*n).unwrap_or(0);
+                }
+            }
+            if next == b"0" {
+                return Ok(removed);
+            }
+            cursor = next;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let u = parse_url("redis://10.0.0.5:6380/2").unwrap();
+        assert_eq!((u.host.as_str(), u.port, u.db), ("10.0.0.5", 6380, 2));
+        assert_eq!((u.username, u.password), (None, None));
+        let u = parse_url("valkey://kvd:s3cr:et@cache.infera.svc").unwrap();
+        assert_eq!(
+            (u.host.as_str(), u.port, u.db),
+            ("cache.infera.svc", 6379, 0)
+        );
+        assert_eq!(u.username.as_deref(), Some("kvd"));
+        assert_eq!(u.password.as_deref(), Some("s3cr:et"));
+        let u = parse_url("redis://:pw@[::1]:7000/").unwrap();
+        assert_eq!((u.host.as_str(), u.port), ("::1", 7000));
+        assert_eq!((u.username, u.password.as_deref()), (None, Some("pw")));
+        for bad in ["http://x", "redis://", "redis://h:port", "redis://h/x"] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_server_that_never_answers_costs_the_timeout() {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = silent.local_addr().unwrap().port();
+        let r = Redis::new(
+            parse_url(&format!("redis://127.0.0.1:{port}")).unwrap(),
+            Duration::from_millis(100),
+        );
+        let started = Instant::now();
+        assert_eq!(r.get("k").unwrap_err(), RemoteError::Timeout);
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(100), "{took:?}");
+        assert!(took < Duration::from_secs(2), "{took:?}");
+        drop(silent);
+    }
+}
