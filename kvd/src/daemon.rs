@@ -124,21 +124,36 @@ impl Daemon {
 
     /// Looks a key up in RAM, then below (a value found below is promoted into RAM).
     fn get_one(&self, scope: &Scope, key: &Key, now: Instant) -> Option<Found> {
-        if let Some(found) = self.store().get(scope, key, now) {
-            return Some(found);
-        }
+        let generation = {
+            let mut store = self.store();
+            if let Some(found) = store.get(scope, key, now) {
+                return Some(found);
+            }
+            store.generation()
+        };
         let fetched = self.lower.fetch(scope, key)?;
         self.found_below.fetch_add(1, Ordering::Relaxed);
-        Some(self.promote(scope, key, fetched, now))
+        Some(self.promote(scope, key, fetched, generation, now))
     }
 
-    fn promote(&self, scope: &Scope, key: &Key, fetched: Fetched, now: Instant) -> Found {
+    fn promote(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        fetched: Fetched,
+        generation: u64,
+        now: Instant,
+    ) -> Found {
         let Fetched {
             value,
             retention,
             tier,
+            ttl_seconds,
         } = fetched;
-        match self.store().promote(scope, *key, &value, retention, now) {
+        let promoted =
+            self.store()
+                .promote(scope, *key, &value, retention, ttl_seconds, generation, now);
+        match promoted {
             Ok(found) => {
                 self.lower.promoted(tier);
                 found
@@ -212,14 +227,22 @@ impl Daemon {
             for job in jobs {
                 for key in &job.keys {
                     let now = Instant::now();
+                    let (present, generation) = {
+                        let mut store = self.store();
+                        let present = store.exists(&job.scope, &[*key], now);
+                        (
+                            present.first().copied().unwrap_or(false),
+                            store.generation(),
+                        )
+                    };
                     let counter = if now > job.deadline {
                         &self.prefetched.late
-                    } else if self.store().exists(&job.scope, &[*key], now)[0] {
+                    } else if present {
                         &self.prefetched.present
                     } else {
                         match self.lower.fetch(&job.scope, key) {
                             Some(f) => {
-                                self.promote(&job.scope, key, f, now);
+                                self.promote(&job.scope, key, f, generation, now);
                                 &self.prefetched.warmed
                             }
                             None => &self.prefetched.missing,

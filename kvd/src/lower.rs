@@ -21,6 +21,8 @@ pub struct Fetched {
     pub retention: Retention,
     /// Where it was.
     pub tier: Tier,
+    /// Seconds it has left to live (`None`: no expiry).
+    pub ttl_seconds: Option<i64>,
 }
 
 /// L3 and L4, each optional.
@@ -40,23 +42,27 @@ impl Lower {
 
     /// Reads a key from L3, then L4.
     pub fn fetch(&self, scope: &Scope, key: &Key) -> Option<Fetched> {
-        if let Some((value, retention)) = self.disk.as_ref().and_then(|d| d.fetch(scope, key)) {
+        if let Some(f) = self.disk.as_ref().and_then(|d| d.fetch(scope, key)) {
             return Some(Fetched {
-                value,
-                retention,
+                value: f.value,
+                retention: f.retention,
                 tier: Tier::Nvme,
+                ttl_seconds: f.ttl_seconds,
             });
         }
+        // A clear while the store is asked must not be undone by keeping its answer.
+        let epoch = self.disk.as_ref().map(|d| d.epoch());
         let (value, retention) = self.remote.as_ref()?.fetch(scope, key)?;
         if retention == Retention::Long
-            && let Some(d) = &self.disk
+            && let (Some(d), Some(epoch)) = (&self.disk, epoch)
         {
-            d.write_through(scope, *key, value.to_vec(), retention, None);
+            d.write_through_since(epoch, scope, *key, value.to_vec(), retention, None);
         }
         Some(Fetched {
             value,
             retention,
             tier: Tier::Remote,
+            ttl_seconds: None,
         })
     }
 

@@ -174,10 +174,16 @@ fn open_lower(cli: &Cli) -> Result<Lower> {
             io: cli.io_mode,
             slot_bytes: cli.long_slot_bytes,
             queue_bytes: cli.long_queue_bytes,
+            compact_min_bytes: infera_kvd::disk::COMPACT_MIN,
         })?))
     };
     let remote = match &cli.remote_url {
         None => None,
+        Some(_) if cli.remote_timeout_ms == 0 => {
+            bail!(
+                "--remote-timeout-ms 0: every lookup would time out; give the longest wait an engine can afford (default 250)"
+            )
+        }
         Some(url) => {
             let backend = remote::open(url, Duration::from_millis(cli.remote_timeout_ms))
                 .map_err(|e| anyhow!("--remote-url: {e}"))?;

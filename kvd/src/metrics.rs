@@ -289,6 +289,7 @@ pub fn render_tiers(ram: &Stats, lower: &Lower, prefetched: &PrefetchCounters) -
             );
         }
     }
+    let disk = lower.disk.as_ref().map(|d| d.report());
     family(
         &mut out,
         "infera_kvd_tier_entries",
@@ -300,6 +301,13 @@ pub fn render_tiers(ram: &Stats, lower: &Lower, prefetched: &PrefetchCounters) -
         "infera_kvd_tier_entries{{tier=\"ram\"}} {}",
         ram.entries
     );
+    if let Some(r) = &disk {
+        let _ = writeln!(
+            out,
+            "infera_kvd_tier_entries{{tier=\"nvme\"}} {}",
+            r.entries
+        );
+    }
     family(
         &mut out,
         "infera_kvd_tier_bytes",
@@ -311,46 +319,50 @@ pub fn render_tiers(ram: &Stats, lower: &Lower, prefetched: &PrefetchCounters) -
         "infera_kvd_tier_bytes{{tier=\"ram\"}} {}",
         ram.host_bytes
     );
+    if let Some(r) = &disk {
+        let _ = writeln!(out, "infera_kvd_tier_bytes{{tier=\"nvme\"}} {}", r.bytes);
+    }
     family(
         &mut out,
         "infera_kvd_tier_queued_writes",
         "Writes waiting for the tier.",
         "gauge",
     );
-    if let Some(d) = &lower.disk {
-        let r = d.report();
-        let _ = writeln!(
-            out,
-            "infera_kvd_tier_entries{{tier=\"nvme\"}} {}",
-            r.entries
-        );
-        let _ = writeln!(out, "infera_kvd_tier_bytes{{tier=\"nvme\"}} {}", r.bytes);
+    if let Some(r) = &disk {
         let _ = writeln!(
             out,
             "infera_kvd_tier_queued_writes{{tier=\"nvme\"}} {}",
             r.queued
         );
-        family(
-            &mut out,
-            "infera_kvd_nvme_capacity_bytes",
-            "Container bytes over all devices.",
-            "gauge",
+    }
+    if let Some(r) = &lower.remote {
+        let _ = writeln!(
+            out,
+            "infera_kvd_tier_queued_writes{{tier=\"remote\"}} {}",
+            r.queued()
         );
-        let _ = writeln!(out, "infera_kvd_nvme_capacity_bytes {}", r.capacity);
-        family(
-            &mut out,
-            "infera_kvd_nvme_journal_bytes",
-            "Journal bytes over all devices.",
-            "gauge",
-        );
-        let _ = writeln!(out, "infera_kvd_nvme_journal_bytes {}", r.journal_bytes);
-        family(
-            &mut out,
-            "infera_kvd_nvme_slot_size_bytes",
-            "NVMe slot size (0 until the first write).",
-            "gauge",
-        );
-        let _ = writeln!(out, "infera_kvd_nvme_slot_size_bytes {}", r.slot_size);
+    }
+    if let Some(r) = &disk {
+        for (name, help, v) in [
+            (
+                "infera_kvd_nvme_capacity_bytes",
+                "Container bytes over all devices.",
+                r.capacity,
+            ),
+            (
+                "infera_kvd_nvme_journal_bytes",
+                "Journal bytes over all devices.",
+                r.journal_bytes,
+            ),
+            (
+                "infera_kvd_nvme_slot_size_bytes",
+                "NVMe slot size (0 until the first write).",
+                r.slot_size,
+            ),
+        ] {
+            family(&mut out, name, help, "gauge");
+            let _ = writeln!(out, "{name} {v}");
+        }
         family(
             &mut out,
             "infera_kvd_nvme_devices",
@@ -365,11 +377,6 @@ pub fn render_tiers(ram: &Stats, lower: &Lower, prefetched: &PrefetchCounters) -
         );
     }
     if let Some(r) = &lower.remote {
-        let _ = writeln!(
-            out,
-            "infera_kvd_tier_queued_writes{{tier=\"remote\"}} {}",
-            r.queued()
-        );
         family(
             &mut out,
             "infera_kvd_remote_up",

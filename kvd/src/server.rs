@@ -107,6 +107,7 @@ pub async fn serve_connection(mut stream: UnixStream, daemon: Arc<Daemon>, limit
             break;
         }
         let reply = match parse_request(&body, limits.max_value) {
+            Ok(request) if daemon.lower.is_empty() => daemon.handle(request, &mut conn),
             // A lookup may read a disk or a remote store: off the async workers.
             Ok(request) => tokio::task::block_in_place(|| daemon.handle(request, &mut conn)),
             Err(e) => {

@@ -24,6 +24,9 @@ struct Entry {
     place: Place,
     length: usize,
     retention: Retention,
+    /// The class it is evicted as: its retention, or `ephemeral` for a copy of an entry a
+    /// slower tier holds (evicting it loses nothing).
+    class: Retention,
     expires: Option<Instant>,
     tick: u64,
 }
@@ -96,6 +99,7 @@ pub struct Store {
     next_id: u64,
     next_token: u64,
     tick: u64,
+    clears: u64,
     counters: Stats,
 }
 
@@ -119,6 +123,7 @@ impl Store {
             next_id: 1,
             next_token: 1,
             tick: 0,
+            clears: 0,
             counters: Stats::default(),
         }
     }
@@ -164,7 +169,7 @@ impl Store {
     fn remove_id(&mut self, id: EntryId) -> Option<Entry> {
         let e = self.entries.remove(&id)?;
         self.ids.remove(&(e.scope.clone(), e.key));
-        self.order.remove(&(e.retention, e.tick, id));
+        self.order.remove(&(e.class, e.tick, id));
         if let Some(at) = e.expires {
             self.expiry.remove(&(at, id));
         }
@@ -206,9 +211,9 @@ impl Store {
     fn touch(&mut self, id: EntryId) {
         let tick = self.next_tick();
         if let Some(e) = self.entries.get_mut(&id) {
-            self.order.remove(&(e.retention, e.tick, id));
+            self.order.remove(&(e.class, e.tick, id));
             e.tick = tick;
-            self.order.insert((e.retention, tick, id));
+            self.order.insert((e.class, tick, id));
         }
     }
 
@@ -329,7 +334,7 @@ impl Store {
         (scope, key): (Scope, Key),
         place: Place,
         length: usize,
-        retention: Retention,
+        (retention, class): (Retention, Retention),
         expires: Option<Instant>,
     ) {
         let id = self.next_id;
@@ -343,7 +348,7 @@ impl Store {
             self.long_bytes += length as u64;
         }
         self.ids.insert((scope.clone(), key), id);
-        self.order.insert((retention, tick, id));
+        self.order.insert((class, tick, id));
         if let Some(at) = expires {
             self.expiry.insert((at, id));
         }
@@ -355,6 +360,7 @@ impl Store {
                 place,
                 length,
                 retention,
+                class,
                 expires,
                 tick,
             },
@@ -373,6 +379,19 @@ impl Store {
         now: Instant,
     ) -> Result<(), String> {
         self.counters.sets_total += 1;
+        self.store_value(scope, key, value, (retention, retention), ttl_seconds, now)
+    }
+
+    fn store_value(
+        &mut self,
+        scope: &Scope,
+        key: Key,
+        value: &[u8],
+        classes: (Retention, Retention),
+        ttl_seconds: Option<i64>,
+        now: Instant,
+    ) -> Result<(), String> {
+        let retention = classes.0;
         if let Some(t) = ttl_seconds.filter(|t| *t <= 0) {
             return Err(format!("ttl_seconds {t} <= 0: not stored"));
         }
@@ -387,6 +406,8 @@ impl Store {
         } else {
             value.len() as u64
         };
+        // A value displaces its own retention class and below (a promoted copy too: it
+        // was just asked for, and `long` entries have a slower tier behind them).
         let victims = self.plan_room(cost, in_slot, retention, replacing)?;
         if let Some(id) = replacing {
             self.remove_id(id);
@@ -402,7 +423,7 @@ impl Store {
             None => Place::Heap(value.to_vec()),
         };
         let expires = ttl_seconds.and_then(|t| deadline(now, t));
-        self.insert((scope.clone(), key), place, value.len(), retention, expires);
+        self.insert((scope.clone(), key), place, value.len(), classes, expires);
         Ok(())
     }
 
@@ -436,20 +457,34 @@ impl Store {
         })
     }
 
-    /// Brings a value found in a slower tier into RAM (not counted as a set, and no
-    /// expiry) and returns how to answer with it; `Err` when RAM will not take it.
+    /// Which `clear` the store is at; a promotion decided before a later clear is dropped.
+    pub fn generation(&self) -> u64 {
+        self.clears
+    }
+
+    /// Brings a value found in a slower tier into RAM (not counted as a set), evictable
+    /// as `ephemeral` since the slower tier keeps it, and returns how to answer with it.
+    /// A key written meanwhile keeps its newer value (which is answered instead); after a
+    /// `clear` since `generation`, nothing is stored. `Err` when RAM does not take it.
+    #[allow(clippy::too_many_arguments)]
     pub fn promote(
         &mut self,
         scope: &Scope,
         key: Key,
         value: &[u8],
         retention: Retention,
+        ttl_seconds: Option<i64>,
+        generation: u64,
         now: Instant,
     ) -> Result<Found, String> {
-        let sets = self.counters.sets_total;
-        let stored = self.set(scope, key, value, retention, None, now);
-        self.counters.sets_total = sets;
-        stored?;
+        if self.clears != generation {
+            return Err("cleared while it was read".into());
+        }
+        if let Some(id) = self.lookup(scope, &key, now) {
+            return self.found(id).ok_or_else(|| "entry vanished".into());
+        }
+        let class = retention.min(Retention::Ephemeral);
+        self.store_value(scope, key, value, (retention, class), ttl_seconds, now)?;
         self.lookup(scope, &key, now)
             .and_then(|id| self.found(id))
             .ok_or_else(|| "promoted entry vanished".into())
@@ -466,10 +501,16 @@ impl Store {
     pub fn bytes_of(&self, found: &Found) -> Option<Vec<u8>> {
         match found {
             Found::Inline { value, .. } => Some(value.clone()),
-            Found::Shared { offset, .. } => {
+            Found::Shared {
+                offset, version, ..
+            } => {
                 let a = self.arena.as_ref()?;
                 let slot = (*offset as usize - crate::arena::HEADER) / a.slot_size();
-                a.read(slot)
+                // Rewritten since it was found (the lock was let go in between): a miss,
+                // not another key's bytes.
+                (a.version(slot) == *version)
+                    .then(|| a.read(slot))
+                    .flatten()
             }
         }
     }
@@ -483,6 +524,7 @@ impl Store {
 
     /// Drops the entries of a scope (`""` fields match everything); returns how many.
     pub fn clear(&mut self, scope: &Scope) -> u64 {
+        self.clears += 1;
         let ids: Vec<EntryId> = self
             .entries
             .iter()
@@ -603,7 +645,7 @@ impl Store {
             (scope.clone(), key),
             Place::Slot(lease.slot),
             length as usize,
-            retention,
+            (retention, retention),
             expires,
         );
         Ok(())

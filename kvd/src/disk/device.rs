@@ -18,6 +18,7 @@ pub const ALIGN: u64 = 4096;
 const DATA: &str = "kvd-l3.data";
 const JOURNAL: &str = "kvd-l3.journal";
 const META: &str = "kvd-l3.meta";
+const LOCK: &str = "kvd-l3.lock";
 
 /// How the container file is read and written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +102,7 @@ pub struct Device {
     direct: bool,
     capacity: u64,
     journal: Mutex<Journal>,
+    _lock: File,
 }
 
 /// What opening a device found.
@@ -127,6 +129,30 @@ pub struct Sizing {
     pub bytes: Option<u64>,
     /// Free bytes to leave on the filesystem.
     pub min_free: u64,
+}
+
+/// Holds `dir` for this process (an advisory lock, released when the process ends):
+/// two daemons on one directory would hand out the same slots.
+#[allow(unsafe_code)]
+fn lock_dir(dir: &Path) -> io::Result<File> {
+    use std::os::fd::AsRawFd;
+    let f = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(false)
+        .open(dir.join(LOCK))?;
+    // SAFETY: flock on a descriptor this function owns; it reads only its arguments.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!(
+                "{} is in use by another kvd ({e}); give each daemon its own --long-path",
+                dir.display()
+            ),
+        ));
+    }
+    Ok(f)
 }
 
 fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
@@ -194,6 +220,7 @@ impl Device {
     /// clear of the free-space floor, the journal read and its torn tail cut off.
     pub fn open(dir: &Path, sizing: Sizing, mode: IoMode) -> io::Result<Opened> {
         std::fs::create_dir_all(dir)?;
+        let lock = lock_dir(dir)?;
         let slot_size = read_meta(dir)?;
         let data_path = dir.join(DATA);
         let (data, direct) = open_data(&data_path, mode)?;
@@ -265,6 +292,7 @@ impl Device {
                     file,
                     len: valid as u64,
                 }),
+                _lock: lock,
             },
             records,
             slot_size,

@@ -83,7 +83,8 @@ pub struct Allocation {
     pub evicted: Option<(Scope, Key)>,
 }
 
-fn matches(filter: &Scope, scope: &Scope) -> bool {
+/// Whether `scope` is covered by a clear of `filter` (`""` fields match all).
+pub fn matches(filter: &Scope, scope: &Scope) -> bool {
     (filter.model.is_empty() || filter.model == scope.model)
         && (filter.compat_key.is_empty() || filter.compat_key == scope.compat_key)
 }

@@ -19,10 +19,12 @@ use device::{ALIGN, Device, IoMode, Sizing};
 use index::{DiskEntry, Index};
 use infera_proto::retention::Retention;
 use record::Record;
+use std::collections::VecDeque;
 use std::io;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -42,6 +44,19 @@ pub struct DiskOptions {
     pub slot_bytes: Option<u64>,
     /// Most bytes waiting to be written, per device.
     pub queue_bytes: u64,
+    /// A journal is compacted once it is this large and mostly dead records.
+    pub compact_min_bytes: u64,
+}
+
+/// A value read from disk.
+#[derive(Debug)]
+pub struct DiskHit {
+    /// Bytes.
+    pub value: Buf,
+    /// Retention.
+    pub retention: Retention,
+    /// Seconds it has left (`None`: no expiry).
+    pub ttl_seconds: Option<i64>,
 }
 
 #[derive(Debug)]
@@ -75,8 +90,10 @@ pub struct DiskReport {
     pub slot_size: u64,
 }
 
-/// A journal is compacted once it is this large and mostly dead records.
-const COMPACT_MIN: u64 = 8 << 20;
+/// Default of [`DiskOptions::compact_min_bytes`].
+pub const COMPACT_MIN: u64 = 8 << 20;
+/// Recent clears kept to tell which queued writes they cover.
+const CLEARS_KEPT: usize = 256;
 /// Writes taken per group commit.
 const BATCH: usize = 32;
 
@@ -103,8 +120,15 @@ pub struct Disk {
     wanted_slot: Option<u64>,
     seq: AtomicU64,
     epoch: AtomicU64,
+    /// Recent clears (epoch after the clear, scope), oldest first.
+    clears: Mutex<VecDeque<(u64, Scope)>>,
+    /// Held (shared) by writers from the clear check to the index update, and
+    /// (exclusive) by `clear`: a clear never lands inside a batch.
+    clear_gate: RwLock<()>,
     queues: Vec<ByteQueue<Pending>>,
     min_free: u64,
+    compact_min: u64,
+    warned_too_large: AtomicBool,
     pool: Arc<BufPool>,
     /// What it served, wrote and failed at.
     pub counters: TierCounters,
@@ -196,7 +220,11 @@ impl Disk {
             wanted_slot: options.slot_bytes,
             seq: AtomicU64::new(last + 1),
             epoch: AtomicU64::new(0),
+            clears: Mutex::new(VecDeque::new()),
+            clear_gate: RwLock::new(()),
             min_free: options.min_free,
+            compact_min: options.compact_min_bytes,
+            warned_too_large: AtomicBool::new(false),
             pool: Arc::new(BufPool::default()),
             counters: TierCounters::default(),
         })
@@ -230,9 +258,10 @@ impl Disk {
 
     /// Reads a key: its bytes and retention, or `None` (also when the bytes on disk do
     /// not match their checksum: the entry is then dropped).
-    pub fn fetch(&self, scope: &Scope, key: &Key) -> Option<(Buf, Retention)> {
+    pub fn fetch(&self, scope: &Scope, key: &Key) -> Option<DiskHit> {
         let started = Instant::now();
-        let Some(entry) = self.index().lookup(scope, key, now_unix()) else {
+        let now = now_unix();
+        let Some(entry) = self.index().lookup(scope, key, now) else {
             self.counters.miss();
             return None;
         };
@@ -271,7 +300,13 @@ impl Disk {
             }
         };
         self.counters.hit(value.len(), started.elapsed());
-        Some((value, entry.retention))
+        Some(DiskHit {
+            value,
+            retention: entry.retention,
+            ttl_seconds: entry
+                .expires
+                .map(|at| i64::try_from(at.saturating_sub(now).max(1)).unwrap_or(i64::MAX)),
+        })
     }
 
     /// Whether a key is held (not a read: no I/O).
@@ -279,9 +314,30 @@ impl Disk {
         self.index().contains(scope, key, now_unix())
     }
 
-    /// Queues a write; the reply does not wait for it. A full queue drops it (counted).
+    /// Which clear the tier is at: a value read elsewhere before a later clear is not
+    /// written (see [`Disk::write_through_since`]).
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Queues a write; the reply does not wait for it. A full queue drops it (counted),
+    /// and the key's older value on disk with it.
     pub fn write_through(
         &self,
+        scope: &Scope,
+        key: Key,
+        value: Vec<u8>,
+        retention: Retention,
+        ttl_seconds: Option<u64>,
+    ) {
+        self.write_through_since(self.epoch(), scope, key, value, retention, ttl_seconds);
+    }
+
+    /// [`Disk::write_through`] of a value known as of clear `epoch`: a clear of its
+    /// scope since then drops it.
+    pub fn write_through_since(
+        &self,
+        epoch: u64,
         scope: &Scope,
         key: Key,
         value: Vec<u8>,
@@ -296,39 +352,61 @@ impl Disk {
             value,
             retention,
             expires: ttl_seconds.map(|t| now_unix().saturating_add(t)),
-            epoch: self.epoch.load(Ordering::Acquire),
+            epoch,
         };
         if !self.queues.get(d).is_some_and(|q| q.push(pending, bytes)) {
             self.counters.failed("write", "queue_full");
+            // No I/O here (a request is waiting): the older value is forgotten in
+            // memory; the journal still names it until it is written again.
+            self.index().remove(scope, &key, None);
         }
     }
 
-    /// Drops a key (recorded in the journal).
-    pub fn remove(&self, scope: &Scope, key: &Key) -> bool {
-        let Some(device) = self.locate(scope, key) else {
-            return false;
-        };
-        self.index().remove(scope, key, None);
+    /// Whether a clear since `epoch` covers `scope` (also when too many clears
+    /// happened since to tell).
+    fn cleared_since(&self, epoch: u64, scope: &Scope) -> bool {
+        let clears = self.clears.lock().unwrap_or_else(PoisonError::into_inner);
+        if clears.len() == CLEARS_KEPT && clears.front().is_some_and(|(e, _)| *e > epoch + 1) {
+            return true;
+        }
+        clears
+            .iter()
+            .any(|(e, filter)| *e > epoch && index::matches(filter, scope))
+    }
+
+    /// A write of `key` failed: its older value on disk is dropped too (else a later
+    /// read would answer bytes older than the ones acknowledged).
+    fn forget(&self, device: usize, scope: &Scope, key: &Key) {
+        if !self.index().remove(scope, key, None) {
+            return;
+        }
         let record = Record::Remove {
             seq: self.seq.fetch_add(1, Ordering::AcqRel),
             scope: scope.clone(),
             key: *key,
         };
-        if let Err(e) = self.devices[device].append(&[record]) {
+        if let Some(d) = self.devices.get(device)
+            && let Err(e) = d.append(&[record])
+        {
             self.counters.failed("write", io_reason(&e));
         }
-        true
-    }
-
-    fn locate(&self, scope: &Scope, key: &Key) -> Option<usize> {
-        let mut ix = self.index();
-        ix.lookup(scope, key, now_unix()).map(|e| e.loc.device)
     }
 
     /// Drops a scope's entries (`""` fields match all), writes queued before included;
     /// returns how many were held.
     pub fn clear(&self, scope: &Scope) -> u64 {
-        self.epoch.fetch_add(1, Ordering::AcqRel);
+        let _gate = self
+            .clear_gate
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let epoch = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
+        {
+            let mut clears = self.clears.lock().unwrap_or_else(PoisonError::into_inner);
+            if clears.len() == CLEARS_KEPT {
+                clears.pop_front();
+            }
+            clears.push_back((epoch, scope.clone()));
+        }
         let n = self.index().clear(scope);
         let seq = self.seq.fetch_add(1, Ordering::AcqRel);
         for d in &self.devices {
@@ -338,6 +416,7 @@ impl Disk {
             };
             if let Err(e) = d.append(&[record]) {
                 self.counters.failed("clear", io_reason(&e));
+                tracing::warn!(dir = %d.dir().display(), "recording a clear: {e}; the entries may come back after a restart");
             }
         }
         n
@@ -353,11 +432,13 @@ impl Disk {
         if *size != 0 {
             return Some(*size);
         }
-        let wanted = self.wanted_slot.unwrap_or(len).max(1).div_ceil(ALIGN) * ALIGN;
         let smallest = self.devices.iter().map(Device::capacity).min().unwrap_or(0);
-        if wanted > smallest {
-            return None;
-        }
+        let wanted = self
+            .wanted_slot
+            .unwrap_or(len)
+            .max(1)
+            .checked_next_multiple_of(ALIGN)
+            .filter(|w| *w <= smallest)?;
         for d in &self.devices {
             if let Err(e) = d.write_slot_size(wanted) {
                 tracing::warn!(dir = %d.dir().display(), "recording the slot size: {e}");
@@ -393,21 +474,35 @@ impl Disk {
         let Some(dev) = self.devices.get(device) else {
             return;
         };
-        let epoch = self.epoch.load(Ordering::Acquire);
-        let batch: Vec<Pending> = batch.into_iter().filter(|p| p.epoch == epoch).collect();
+        let _gate = self
+            .clear_gate
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Only the last write of a key in a batch counts (the earlier ones are
+        // superseded); none covered by a clear since it was queued.
+        let mut seen = std::collections::HashSet::new();
+        let mut batch: Vec<Pending> = batch
+            .into_iter()
+            .rev()
+            .filter(|p| seen.insert((p.scope.clone(), p.key)))
+            .filter(|p| !self.cleared_since(p.epoch, &p.scope))
+            .collect();
+        batch.reverse();
         let Some(first) = batch.first() else {
             return;
         };
         let Some(slot_size) = self.fix_slot_size(first.value.len() as u64) else {
-            for _ in &batch {
+            for p in &batch {
                 self.counters.failed("write", "too_large");
+                self.forget(device, &p.scope, &p.key);
             }
             return;
         };
         match device::free_bytes(dev.dir()) {
             Ok(free) if free < self.min_free => {
-                for _ in &batch {
+                for p in &batch {
                     self.counters.failed("write", "below_floor");
+                    self.forget(device, &p.scope, &p.key);
                 }
                 return;
             }
@@ -418,10 +513,19 @@ impl Disk {
         for p in batch {
             if p.value.len() as u64 > slot_size {
                 self.counters.failed("write", "too_large");
+                if !self.warned_too_large.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        len = p.value.len(),
+                        slot_size,
+                        "a long value is larger than the NVMe slot size fixed by the first one; it stays in RAM (set --long-slot-bytes to the largest value)"
+                    );
+                }
+                self.forget(device, &p.scope, &p.key);
                 continue;
             }
             let Some(alloc) = self.index().allocate(device) else {
                 self.counters.failed("write", "no_space");
+                self.forget(device, &p.scope, &p.key);
                 continue;
             };
             if alloc.evicted.is_some() {
@@ -432,6 +536,7 @@ impl Disk {
                 Err(e) => {
                     self.index().release(alloc.loc);
                     self.counters.failed("write", io_reason(&e));
+                    self.forget(device, &p.scope, &p.key);
                 }
             }
         }
@@ -453,10 +558,15 @@ impl Disk {
             .collect();
         if let Err(e) = dev.sync_data().and_then(|()| dev.append(&records)) {
             let reason = io_reason(&e);
-            let mut ix = self.index();
-            for (_, loc) in &written {
-                ix.release(*loc);
+            {
+                let mut ix = self.index();
+                for (_, loc) in &written {
+                    ix.release(*loc);
+                }
+            }
+            for (p, _) in &written {
                 self.counters.failed("write", reason);
+                self.forget(device, &p.scope, &p.key);
             }
             return;
         }
@@ -484,7 +594,7 @@ impl Disk {
         };
         let journal = dev.journal_bytes();
         let live = self.index().device_entries(device) as u64;
-        if journal < COMPACT_MIN || journal < live.saturating_add(1).saturating_mul(4 * 128) {
+        if journal < self.compact_min || journal < live.saturating_add(1).saturating_mul(4 * 128) {
             return;
         }
         match dev.compact(|| self.index().snapshot(device)) {
@@ -525,3 +635,6 @@ impl Disk {
 fn slots_of(capacity: u64, slot_size: u64) -> u32 {
     u32::try_from(capacity.checked_div(slot_size).unwrap_or(0)).unwrap_or(u32::MAX)
 }
+
+#[cfg(test)]
+mod tests;

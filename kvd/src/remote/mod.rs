@@ -63,13 +63,18 @@ pub fn open(url: &str, timeout: Duration) -> Result<Arc<dyn Backend>, String> {
     match scheme {
         "redis" | "valkey" => Ok(Arc::new(redis::Redis::new(redis::parse_url(url)?, timeout))),
         "rediss" | "valkeys" => Err(format!(
-            "{url:?}: TLS is not supported yet; reach the store over a TLS sidecar or a private network with redis://"
+            "{:?}: TLS is not supported yet; reach the store over a TLS sidecar or a private network with redis://",
+            redis::redact(url)
         )),
         _ => Err(format!(
-            "{url:?}: unknown backend {scheme:?}; supported: redis://, valkey://"
+            "{:?}: unknown backend {scheme:?}; supported: redis://, valkey://",
+            redis::redact(url)
         )),
     }
 }
+
+/// Times a clear is tried before it is given up (logged).
+const CLEAR_ATTEMPTS: usize = 5;
 
 /// Settings of the distributed tier.
 #[derive(Debug, Clone)]
@@ -254,14 +259,29 @@ impl Remote {
                             self.counters.wrote(n);
                         }
                     }
-                    Job::Clear(p) => {
-                        if let Some(n) = self.guarded("clear", || self.backend.clear(&p)) {
-                            tracing::info!(pattern = %p.glob, removed = n, "cleared from the distributed tier");
-                        }
-                    }
+                    Job::Clear(p) => self.clear_now(&p),
                 }
             }
         }
+    }
+
+    /// Runs a clear, waiting out pauses (a few times): unlike a dropped write, a
+    /// dropped clear would let stale entries be read back.
+    fn clear_now(&self, p: &Pattern) {
+        for _ in 0..CLEAR_ATTEMPTS {
+            let until = *self
+                .down_until
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(wait) = until.and_then(|t| t.checked_duration_since(Instant::now())) {
+                std::thread::sleep(wait);
+            }
+            if let Some(n) = self.guarded("clear", || self.backend.clear(p)) {
+                tracing::info!(pattern = %p.glob, removed = n, "cleared from the distributed tier");
+                return;
+            }
+        }
+        tracing::error!(pattern = %p.glob, "could not clear the distributed tier; its entries may still be read");
     }
 
     /// Writes waiting.

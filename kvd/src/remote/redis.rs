@@ -27,12 +27,24 @@ pub struct RedisUrl {
     pub db: u32,
 }
 
-/// Parses a Redis URL; the error says what is wrong with it.
+/// `url` with its credentials masked, for messages and logs.
+pub fn redact(url: &str) -> String {
+    match (url.split_once("://"), url.rsplit_once('@')) {
+        (Some((scheme, _)), Some((_, host))) => format!("{scheme}://***@{host}"),
+        _ => url.to_owned(),
+    }
+}
+
+/// Parses a Redis URL; the error says what is wrong with it (credentials masked).
 pub fn parse_url(url: &str) -> Result<RedisUrl, String> {
+    parse(url).map_err(|e| format!("{:?}: {e}", redact(url)))
+}
+
+fn parse(url: &str) -> Result<RedisUrl, String> {
     let rest = url
         .strip_prefix("redis://")
         .or_else(|| url.strip_prefix("valkey://"))
-        .ok_or_else(|| format!("{url:?}: expected redis://host[:port][/db] or valkey://..."))?;
+        .ok_or("expected redis://host[:port][/db] or valkey://...")?;
     let (auth, rest) = match rest.rsplit_once('@') {
         Some((a, r)) => (Some(a), r),
         None => (None, rest),
@@ -42,7 +54,7 @@ pub fn parse_url(url: &str) -> Result<RedisUrl, String> {
         Some((h, d)) => (
             h,
             d.parse()
-                .map_err(|_| format!("{url:?}: database {d:?} is not a number"))?,
+                .map_err(|_| format!("database {d:?} is not a number"))?,
         ),
         None => (rest, 0),
     };
@@ -50,13 +62,13 @@ pub fn parse_url(url: &str) -> Result<RedisUrl, String> {
         Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (
             h,
             p.parse()
-                .map_err(|_| format!("{url:?}: port {p:?} is not a number"))?,
+                .map_err(|_| format!("port {p:?} is not a number"))?,
         ),
         _ => (hostport, 6379),
     };
     let host = host.trim_start_matches('[').trim_end_matches(']');
     if host.is_empty() {
-        return Err(format!("{url:?}: no host"));
+        return Err("no host".into());
     }
     let (username, password) = match auth {
         None => (None, None),
@@ -168,18 +180,6 @@ impl Redis {
         Ok(())
     }
 
-    fn checkout(&self, deadline: Instant) -> Result<Conn, RemoteError> {
-        let pooled = self
-            .pool
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
-        match pooled {
-            Some(c) => Ok(c),
-            None => self.connect(deadline),
-        }
-    }
-
     fn checkin(&self, mut conn: Conn) {
         conn.buf.clear();
         if conn.buf.capacity() > KEEP_BUF {
@@ -191,13 +191,39 @@ impl Redis {
         }
     }
 
+    /// Runs `f` on a pooled connection, or a new one, within `budget`. A pooled
+    /// connection that fails before any reply byte (the server closed it while idle) is
+    /// replaced once; every command kvd sends can be sent again.
+    fn with_conn<T>(
+        &self,
+        budget: Duration,
+        f: impl Fn(&mut Conn, Instant) -> Result<T, RemoteError>,
+    ) -> Result<T, RemoteError> {
+        let deadline = Instant::now() + budget;
+        let pooled = self
+            .pool
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        if let Some(mut conn) = pooled {
+            match f(&mut conn, deadline) {
+                Ok(v) => {
+                    self.checkin(conn);
+                    return Ok(v);
+                }
+                Err(RemoteError::Unavailable(_)) if conn.buf.is_empty() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let mut conn = self.connect(deadline)?;
+        let v = f(&mut conn, deadline)?;
+        self.checkin(conn);
+        Ok(v)
+    }
+
     /// Sends `cmds` pipelined and returns their replies, within `budget`.
     fn call(&self, cmds: &[Vec<&[u8]>], budget: Duration) -> Result<Vec<Value>, RemoteError> {
-        let deadline = Instant::now() + budget;
-        let mut conn = self.checkout(deadline)?;
-        let replies = roundtrip(&mut conn, cmds, deadline)?;
-        self.checkin(conn);
-        Ok(replies)
+        self.with_conn(budget, |conn, deadline| roundtrip(conn, cmds, deadline))
     }
 }
 
@@ -205,27 +231,39 @@ impl Redis {
 const KEEP_BUF: usize = 1 << 20;
 /// Arguments at least this large are written from where they are, not copied.
 const COPY_LIMIT: usize = 64 << 10;
+/// Most bytes moved by one bounded read or write: a deadline is overrun by at most one
+/// piece's wait.
+const IO_PIECE: usize = 1 << 20;
+
+/// Writes `bytes` in pieces, each bounded by what is left of the deadline.
+fn write_by(stream: &mut TcpStream, bytes: &[u8], deadline: Instant) -> Result<(), RemoteError> {
+    for piece in bytes.chunks(IO_PIECE) {
+        stream
+            .set_write_timeout(Some(remaining(deadline)?))
+            .map_err(|e| io_error(&e))?;
+        stream.write_all(piece).map_err(|e| io_error(&e))?;
+    }
+    Ok(())
+}
 
 fn send(conn: &mut Conn, cmds: &[Vec<&[u8]>], deadline: Instant) -> Result<(), RemoteError> {
-    conn.stream
-        .set_write_timeout(Some(remaining(deadline)?))
-        .map_err(|e| io_error(&e))?;
+    conn.buf.clear();
     let mut out = Vec::new();
     for c in cmds {
         out.extend_from_slice(format!("*{}\r\n", c.len()).as_bytes());
         for a in c {
             out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
             if a.len() >= COPY_LIMIT {
-                conn.stream.write_all(&out).map_err(|e| io_error(&e))?;
+                write_by(&mut conn.stream, &out, deadline)?;
                 out.clear();
-                conn.stream.write_all(a).map_err(|e| io_error(&e))?;
+                write_by(&mut conn.stream, a, deadline)?;
             } else {
                 out.extend_from_slice(a);
             }
             out.extend_from_slice(b"\r\n");
         }
     }
-    conn.stream.write_all(&out).map_err(|e| io_error(&e))
+    write_by(&mut conn.stream, &out, deadline)
 }
 
 /// Reads more of the reply starting at `conn.buf[start..]`: the rest of a bulk string
@@ -237,7 +275,7 @@ fn fill(conn: &mut Conn, start: usize, deadline: Instant) -> Result<(), RemoteEr
     let have = conn.buf.len() - start;
     let n = match resp::bulk_span(&conn.buf[start..]) {
         Some((_, _, total)) if total > have => {
-            let missing = (total - have).min(4 << 20);
+            let missing = (total - have).min(IO_PIECE);
             conn.buf.reserve(missing);
             (&mut conn.stream)
                 .take(missing as u64)
@@ -287,6 +325,10 @@ fn refused(v: &Value) -> Option<RemoteError> {
     }
 }
 
+/// Least budget of a write behind (no engine waits for it; a multi-MiB value needs
+/// more than a lookup's timeout).
+const WRITE_BUDGET: Duration = Duration::from_secs(5);
+
 /// SCAN's budget for one `clear`.
 const CLEAR_BUDGET: Duration = Duration::from_secs(30);
 
@@ -299,37 +341,33 @@ impl Backend for Redis {
     }
 
     fn get(&self, name: &str) -> Result<Option<Buf>, RemoteError> {
-        let deadline = Instant::now() + self.timeout;
-        let mut conn = self.checkout(deadline)?;
-        send(&mut conn, &[vec![b"GET", name.as_bytes()]], deadline)?;
-        loop {
-            if let Some((start, end, total)) = resp::bulk_span(&conn.buf) {
-                if conn.buf.len() == total {
-                    // The value is taken where it was read: no copy.
-                    let data = std::mem::take(&mut conn.buf);
-                    self.checkin(conn);
-                    return Ok(Some(Buf::view(data, start, end)));
-                }
-                if conn.buf.len() > total {
-                    return Err(RemoteError::Protocol(
-                        "GET answered more than one reply".into(),
-                    ));
-                }
-            } else if let Some((v, _)) =
-                resp::parse(&conn.buf).map_err(|e| RemoteError::Protocol(e.to_string()))?
-            {
-                return match v {
-                    Value::Bulk(None) => {
-                        self.checkin(conn);
-                        Ok(None)
+        self.with_conn(self.timeout, |conn, deadline| {
+            send(conn, &[vec![b"GET", name.as_bytes()]], deadline)?;
+            loop {
+                if let Some((start, end, total)) = resp::bulk_span(&conn.buf) {
+                    if conn.buf.len() == total {
+                        // The value is taken where it was read: no copy.
+                        let data = std::mem::take(&mut conn.buf);
+                        return Ok(Some(Buf::view(data, start, end)));
                     }
-                    other => Err(refused(&other).unwrap_or_else(|| {
-                        RemoteError::Protocol(format!("GET answered {other:?}"))
-                    })),
-                };
+                    if conn.buf.len() > total {
+                        return Err(RemoteError::Protocol(
+                            "GET answered more than one reply".into(),
+                        ));
+                    }
+                } else if let Some((v, _)) =
+                    resp::parse(&conn.buf).map_err(|e| RemoteError::Protocol(e.to_string()))?
+                {
+                    return match v {
+                        Value::Bulk(None) => Ok(None),
+                        other => Err(refused(&other).unwrap_or_else(|| {
+                            RemoteError::Protocol(format!("GET answered {other:?}"))
+                        })),
+                    };
+                }
+                fill(conn, 0, deadline)?;
             }
-            fill(&mut conn, 0, deadline)?;
-        }
+        })
     }
 
     fn put(&self, name: &str, value: &[u8], ttl: Option<Duration>) -> Result<(), RemoteError> {
@@ -338,7 +376,7 @@ impl Backend for Redis {
         if let Some(ms) = &ms {
             cmd.extend([b"PX".as_slice(), ms.as_bytes()]);
         }
-        let replies = self.call(&[cmd], self.timeout)?;
+        let replies = self.call(&[cmd], self.timeout.max(WRITE_BUDGET))?;
         match replies.first() {
             Some(Value::Simple(_)) => Ok(()),
             Some(other) => Err(refused(other)
@@ -435,6 +473,11 @@ mod tests {
         for bad in ["http://x", "redis://", "redis://h:port", "redis://h/x"] {
             assert!(parse_url(bad).is_err(), "{bad}");
         }
+        let err = parse_url("redis://kvd:hunter2@h:port").unwrap_err();
+        assert!(
+            !err.contains("hunter2") && err.contains("***@h:port"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -333,3 +333,74 @@ fn a_commit_publishes_the_bytes_written_in_place() {
     );
     assert_eq!(s.clear(&Scope::default()), 0);
 }
+
+#[test]
+fn a_promotion_keeps_newer_data_yields_after_a_clear_and_gives_way_to_any_write() {
+    let now = Instant::now();
+    let mut s = store(2);
+    let generation = s.generation();
+    s.set(&scope(), key(1), &value(9), Retention::Long, None, now)
+        .unwrap();
+    let found = s
+        .promote(
+            &scope(),
+            key(1),
+            &value(1),
+            Retention::Long,
+            None,
+            generation,
+            now,
+        )
+        .unwrap();
+    assert_eq!(s.bytes_of(&found), Some(value(9)), "set while it was read");
+
+    let generation = s.generation();
+    s.clear(&scope());
+    assert!(
+        s.promote(
+            &scope(),
+            key(2),
+            &value(2),
+            Retention::Long,
+            None,
+            generation,
+            now
+        )
+        .is_err()
+    );
+    assert!(!has(&mut s, 2, now), "cleared while it was read");
+
+    let generation = s.generation();
+    s.promote(
+        &scope(),
+        key(2),
+        &value(2),
+        Retention::Long,
+        Some(60),
+        generation,
+        now,
+    )
+    .unwrap();
+    s.set(&scope(), key(3), &value(3), Retention::Long, None, now)
+        .unwrap();
+    s.set(&scope(), key(4), &value(4), Retention::Ephemeral, None, now)
+        .unwrap();
+    assert!(
+        !has(&mut s, 2, now),
+        "the copy gave way to an ephemeral write"
+    );
+    assert!(has(&mut s, 3, now) && has(&mut s, 4, now));
+    assert_eq!(s.stats().sets_total, 3, "promotions are not sets");
+}
+
+#[test]
+fn a_found_slot_rewritten_since_reads_as_nothing() {
+    let now = Instant::now();
+    let mut s = store(1);
+    s.set(&scope(), key(1), &value(1), Retention::Short, None, now)
+        .unwrap();
+    let found = s.get(&scope(), &key(1), now).unwrap();
+    s.set(&scope(), key(2), &value(2), Retention::Short, None, now)
+        .unwrap();
+    assert_eq!(s.bytes_of(&found), None, "not key 2's bytes");
+}
