@@ -95,8 +95,14 @@ struct Cli {
     #[arg(long, default_value = "auto", help_heading = "NVMe tier (L3)")]
     io_mode: IoMode,
     /// L4 (distributed tier): `redis://[user[:password]@]host[:port][/db]` or
-    /// `valkey://...`. `long` entries are written behind; misses are read through.
-    #[arg(long, help_heading = "Distributed tier (L4)")]
+    /// `valkey://...`. `long` entries are written behind; misses are read through. From
+    /// the environment, a password stays off the command line.
+    #[arg(
+        long,
+        env = "INFERA_KVD_REMOTE_URL",
+        hide_env_values = true,
+        help_heading = "Distributed tier (L4)"
+    )]
     remote_url: Option<String>,
     /// First part of every L4 key (`<namespace>:<model>:<compat_key>:<key hex>`); one per
     /// fleet sharing a store.

@@ -684,3 +684,76 @@ fn a_store_that_never_answers_costs_a_lookup_its_timeout_then_is_skipped() {
     );
     drop(silent);
 }
+
+/// A value that says which key and version it is, so a reader can check any bytes it is
+/// given without knowing which write won.
+fn versioned(n: u64, version: u64) -> Vec<u8> {
+    let len = 8192 + (n as usize * 4099 + version as usize * 577) % (KIB64 - 8192);
+    let mut v = Vec::with_capacity(len);
+    v.extend_from_slice(&n.to_le_bytes());
+    v.extend_from_slice(&version.to_le_bytes());
+    v.extend_from_slice(&value_for(n * 1_000_003 + version, len - 16));
+    v
+}
+
+fn check(n: u64, bytes: &[u8]) {
+    assert!(bytes.len() >= 16, "key {n}: {} bytes", bytes.len());
+    let key_of = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+    let version = u64::from_le_bytes(bytes[8..16].try_into().unwrap());
+    assert_eq!(key_of, n, "key {n} answered with key {key_of}'s bytes");
+    assert!(
+        bytes == versioned(n, version),
+        "key {n} version {version}: torn bytes"
+    );
+}
+
+#[test]
+fn concurrent_writes_reads_and_clears_never_answer_wrong_bytes() {
+    let l3 = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    // 15 RAM slots and 32 disk slots for 48 keys: constant eviction, promotion and slot
+    // reuse on both tiers while values are read.
+    let args = l3_args(l3.path().to_str().unwrap(), "2097152", "1048576");
+    let kvd = start(&args);
+    let socket = kvd.socket.clone();
+    // The first value fixes both slot sizes: the largest one.
+    client(&kvd)
+        .set(key(999), &value_for(999, KIB64), "long", "m")
+        .unwrap()
+        .unwrap();
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let socket = socket.clone();
+            std::thread::spawn(move || {
+                // Two writers, a reader through the arena and one inline.
+                let mut c = Client::connect(&socket, "stress", t != 3).unwrap();
+                let mut hits = 0;
+                for i in 0..1500u64 {
+                    let n = (i * 7 + t * 13) % 48;
+                    if t < 2 {
+                        let stored = c.set(key(n), &versioned(n, i * 2 + t), "long", "m");
+                        assert_eq!(stored.unwrap(), Ok(()));
+                        if t == 0 && i % 300 == 299 {
+                            let reply = c
+                                .request(&request_map("clear", vec![("model", Value::from("m"))]))
+                                .unwrap();
+                            assert!(field(&reply, "cleared_entries").is_some());
+                        }
+                    } else if let Some(v) = c.get(key(n), "m").unwrap() {
+                        check(n, &v);
+                        hits += 1;
+                    }
+                }
+                hits
+            })
+        })
+        .collect();
+    let hits: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(hits > 0, "the readers found nothing");
+    assert!(series(&kvd, "infera_kvd_tier_hits_total{tier=\"nvme\"}") > 0.0);
+    assert!(
+        kvd.process
+            .log_tail(50)
+            .lines()
+            .all(|l| !l.contains("panicked"))
+    );
+}

@@ -60,7 +60,9 @@ struct DeviceSlots {
     count: u32,
     /// Slots below this were handed out at least once.
     made: u32,
-    freed: Vec<u32>,
+    /// Free slots below `made` (a set: taking, giving back and removing one are cheap
+    /// with hundreds of thousands of slots).
+    freed: BTreeSet<u32>,
     owners: HashMap<u32, (Scope, Key)>,
     lru: BTreeSet<(u64, u32)>,
 }
@@ -133,7 +135,7 @@ impl Index {
         if let Some(d) = self.devices.get_mut(e.loc.device) {
             d.owners.remove(&e.loc.slot);
             d.lru.remove(&(e.tick, e.loc.slot));
-            d.freed.push(e.loc.slot);
+            d.freed.insert(e.loc.slot);
         }
         Some(e)
     }
@@ -157,7 +159,7 @@ impl Index {
         let Some(d) = self.devices.get_mut(entry.loc.device) else {
             return;
         };
-        d.freed.retain(|s| *s != entry.loc.slot);
+        d.freed.remove(&entry.loc.slot);
         d.made = d.made.max(entry.loc.slot + 1);
         d.owners.insert(entry.loc.slot, id.clone());
         d.lru.insert((entry.tick, entry.loc.slot));
@@ -247,7 +249,7 @@ impl Index {
     /// entry's (evicted). `None` when the device has no slots.
     pub fn allocate(&mut self, device: usize) -> Option<Allocation> {
         let d = self.devices.get_mut(device)?;
-        if let Some(slot) = d.freed.pop() {
+        if let Some(slot) = d.freed.pop_first() {
             return Some(Allocation {
                 loc: Loc { device, slot },
                 evicted: None,
@@ -267,7 +269,7 @@ impl Index {
         let owner = d.owners.get(&slot).cloned()?;
         self.unlink(&owner);
         let d = self.devices.get_mut(device)?;
-        d.freed.retain(|s| *s != slot);
+        d.freed.remove(&slot);
         Some(Allocation {
             loc: Loc { device, slot },
             evicted: Some(owner),
@@ -278,10 +280,7 @@ impl Index {
     pub fn rebuild_free(&mut self) {
         for d in &mut self.devices {
             d.made = d.made.min(d.count);
-            d.freed = (0..d.made)
-                .filter(|s| !d.owners.contains_key(s))
-                .rev()
-                .collect();
+            d.freed = (0..d.made).filter(|s| !d.owners.contains_key(s)).collect();
         }
     }
 
@@ -289,9 +288,8 @@ impl Index {
     pub fn release(&mut self, loc: Loc) {
         if let Some(d) = self.devices.get_mut(loc.device)
             && !d.owners.contains_key(&loc.slot)
-            && !d.freed.contains(&loc.slot)
         {
-            d.freed.push(loc.slot);
+            d.freed.insert(loc.slot);
         }
     }
 
