@@ -272,7 +272,17 @@ async fn invalid_manifests_are_rejected_with_a_message_naming_the_field() {
         (
             "kvd tiers with kvd off",
             with_spec(BASE, &["kvCache: {nvme: {path: /nvme, size: 1Ti}}"]),
-            "spec.kvCache tiers (nvme, remoteUrl) are set but kvd is off",
+            "spec.kvCache tiers (nvme, remoteUrl, remoteUrlSecretRef) are set but kvd is off",
+        ),
+        (
+            "the distributed tier's URL given twice",
+            with_spec(
+                BASE,
+                &[
+                    "kvCache: {enabled: true, remoteUrl: 'redis://kv:6379', remoteUrlSecretRef: {name: kv, key: url}}",
+                ],
+            ),
+            "give the distributed tier's URL once, as remoteUrl or remoteUrlSecretRef",
         ),
         (
             "an unknown routing policy",

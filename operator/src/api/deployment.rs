@@ -522,7 +522,8 @@ pub struct MessagingSpec {
 /// The KV-cache daemon.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self.enabled || (!has(self.nvme) && !has(self.remoteUrl))").message("spec.kvCache tiers (nvme, remoteUrl) are set but kvd is off: set spec.kvCache.enabled: true or remove them"))]
+#[x_kube(validation = Rule::new("self.enabled || (!has(self.nvme) && !has(self.remoteUrl) && !has(self.remoteUrlSecretRef))").message("spec.kvCache tiers (nvme, remoteUrl, remoteUrlSecretRef) are set but kvd is off: set spec.kvCache.enabled: true or remove them"))]
+#[x_kube(validation = Rule::new("!has(self.remoteUrl) || !has(self.remoteUrlSecretRef)").message("spec.kvCache: give the distributed tier's URL once, as remoteUrl or remoteUrlSecretRef"))]
 pub struct KvCacheSpec {
     /// Run kvd beside each engine.
     #[serde(default)]
@@ -533,10 +534,15 @@ pub struct KvCacheSpec {
     /// NVMe tier.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvme: Option<NvmeTier>,
-    /// Distributed tier URL.
+    /// Distributed tier URL: `redis://[user[:password]@]host[:port][/db]` or
+    /// `valkey://...`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
     pub remote_url: Option<String>,
+    /// The distributed tier's URL from a Secret key, to keep a password out of the spec
+    /// (instead of remoteUrl).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_url_secret_ref: Option<SecretKeyRef>,
     /// Retention of KV without a client hint (default long).
     #[serde(default)]
     pub default_retention: RetentionClass,
@@ -549,6 +555,7 @@ impl Default for KvCacheSpec {
             ram: ram_size(),
             nvme: None,
             remote_url: None,
+            remote_url_secret_ref: None,
             default_retention: RetentionClass::default(),
         }
     }

@@ -9,9 +9,9 @@ use super::{Child, Ctx, Kind, ModelVolume, child};
 use crate::api::InferaDeploymentSpec;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, SecretKeySelector,
-    SecurityContext, Volume, VolumeMount, VolumeResourceRequirements,
+    Container, EnvVar, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, SecurityContext, Volume,
+    VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use std::collections::BTreeMap;
@@ -93,18 +93,7 @@ pub fn download(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec, done: bool) -> Optio
         env.push(self::env("HF_REVISION", rev));
     }
     if let Some(secret) = &hf.token_secret_ref {
-        env.push(EnvVar {
-            name: "HF_TOKEN".into(),
-            value_from: Some(EnvVarSource {
-                secret_key_ref: Some(SecretKeySelector {
-                    name: secret.name.clone(),
-                    key: secret.key.clone(),
-                    optional: Some(false),
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
+        env.push(super::pod::secret_env("HF_TOKEN", secret));
     }
     let image = match (&spec.engine.image, spec.engine.kind) {
         (Some(image), kind) if kind != crate::api::EngineKind::Sim => image.clone(),

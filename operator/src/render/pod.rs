@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
     HTTPGetAction, HostPathVolumeSource, Lifecycle, LifecycleHandler, ObjectFieldSelector,
     PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
-    SecurityContext, Volume, VolumeMount,
+    SecretKeySelector, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -50,6 +50,22 @@ fn field_env(name: &str, path: &str) -> EnvVar {
             field_ref: Some(ObjectFieldSelector {
                 field_path: path.into(),
                 ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// `name` from a Secret's key (which must exist: the pod waits for it).
+pub fn secret_env(name: &str, secret: &crate::api::SecretKeyRef) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.name.clone(),
+                key: secret.key.clone(),
+                optional: Some(false),
             }),
             ..Default::default()
         }),
@@ -365,6 +381,11 @@ fn kvd_container(spec: &InferaDeploymentSpec, images: &Images) -> Container {
         }]),
         restart_policy: Some("Always".into()),
         volume_mounts: Some(mounts),
+        // kvd reads the distributed tier's URL from here: a password stays in the Secret.
+        env: kv
+            .remote_url_secret_ref
+            .as_ref()
+            .map(|secret| vec![secret_env("INFERA_KVD_REMOTE_URL", secret)]),
         security_context: Some(kvd_security(kv.nvme.is_some())),
         resources: Some(ResourceRequirements {
             requests: Some(BTreeMap::from([

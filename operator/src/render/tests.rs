@@ -515,6 +515,21 @@ fn kvd_joins_the_pod_with_a_shared_socket_when_on() {
         (&json!(0), &json!(false), &json!("ALL")),
         "root without capabilities, to own its files in the root-owned hostPath"
     );
+    assert!(kvd.get("env").is_none() || kvd["env"].is_null());
+
+    dep.spec.kv_cache.remote_url_secret_ref = Some(crate::api::SecretKeyRef {
+        name: "kv-store".into(),
+        key: "url".into(),
+    });
+    let r = render_example(dep, &topos, true);
+    let pod = &find(&r, Kind::StatefulSet, "sim-mixed-mixed")["spec"]["template"];
+    let kvd = container(pod, "initContainers", "kvd");
+    assert_eq!(
+        kvd["env"],
+        json!([{"name": "INFERA_KVD_REMOTE_URL", "valueFrom": {"secretKeyRef": {"name": "kv-store", "key": "url", "optional": false}}}]),
+        "the URL stays in its Secret"
+    );
+    assert_eq!(flag(&args(kvd, "args"), "--remote-url"), None);
     let engine = container(pod, "containers", "engine");
     assert_eq!(
         env_value(engine, "INFERA_KVD_SOCKET").as_deref(),
