@@ -36,7 +36,8 @@ pub struct Daemon {
     /// The tiers below RAM.
     pub lower: Lower,
     prefetch: ByteQueue<Prefetch>,
-    /// Prefetched keys by outcome: warmed, already in RAM, not found, too late, dropped.
+    /// Prefetched keys by outcome: warmed, already in RAM, not found, too late, dropped,
+    /// refused.
     pub prefetched: PrefetchCounters,
     /// `get`s that missed RAM and were found below it.
     found_below: AtomicU64,
@@ -64,6 +65,8 @@ pub struct PrefetchCounters {
     pub late: AtomicU64,
     /// Not queued: the prefetch queue was full.
     pub dropped: AtomicU64,
+    /// Found below, but not kept in RAM (no room, or written or cleared meanwhile).
+    pub refused: AtomicU64,
 }
 
 /// Keys waiting to be prefetched, at most.
@@ -133,7 +136,7 @@ impl Daemon {
         };
         let fetched = self.lower.fetch(scope, key)?;
         self.found_below.fetch_add(1, Ordering::Relaxed);
-        Some(self.promote(scope, key, fetched, generation, now))
+        Some(self.promote(scope, key, fetched, generation, now).0)
     }
 
     fn promote(
@@ -143,7 +146,7 @@ impl Daemon {
         fetched: Fetched,
         generation: u64,
         now: Instant,
-    ) -> Found {
+    ) -> (Found, bool) {
         let Fetched {
             value,
             retention,
@@ -154,16 +157,19 @@ impl Daemon {
             self.store()
                 .promote(scope, *key, &value, retention, ttl_seconds, generation, now);
         match promoted {
-            Ok(found) => {
-                self.lower.promoted(tier);
-                found
+            Ok((found, inserted)) => {
+                if inserted {
+                    self.lower.promoted(tier);
+                }
+                (found, inserted)
             }
             Err(reason) => {
                 tracing::debug!("not promoted into RAM: {reason}");
-                Found::Inline {
+                let found = Found::Inline {
                     value: value.to_vec(),
                     retention,
-                }
+                };
+                (found, false)
             }
         }
     }
@@ -242,8 +248,13 @@ impl Daemon {
                     } else {
                         match self.lower.fetch(&job.scope, key) {
                             Some(f) => {
-                                self.promote(&job.scope, key, f, generation, now);
-                                &self.prefetched.warmed
+                                if self.promote(&job.scope, key, f, generation, now).1 {
+                                    &self.prefetched.warmed
+                                } else {
+                                    // Not kept: RAM had no room, or it was cleared or
+                                    // written meanwhile.
+                                    &self.prefetched.refused
+                                }
                             }
                             None => &self.prefetched.missing,
                         }
@@ -386,8 +397,10 @@ impl Daemon {
                 return Some(Reply::ExistsResponse { present });
             }
             Request::Clear { scope } => {
-                let ram = self.store().clear(&scope);
+                // Slower tiers first: a get that read them before their clear holds an
+                // older generation than RAM's clear below, so its promotion is refused.
                 let below = self.lower.clear(&scope);
+                let ram = self.store().clear(&scope);
                 return Some(Reply::ClearAck {
                     cleared_entries: ram + below,
                 });

@@ -52,17 +52,19 @@ impl Lower {
         }
         // A clear while the store is asked must not be undone by keeping its answer.
         let epoch = self.disk.as_ref().map(|d| d.epoch());
-        let (value, retention) = self.remote.as_ref()?.fetch(scope, key)?;
+        let (value, retention, ttl) = self.remote.as_ref()?.fetch(scope, key)?;
+        // Whole seconds, at least one (0 would mean "not stored").
+        let ttl_seconds = ttl.map(|t| t.as_secs().max(1));
         if retention == Retention::Long
             && let (Some(d), Some(epoch)) = (&self.disk, epoch)
         {
-            d.write_through_since(epoch, scope, *key, value.to_vec(), retention, None);
+            d.fill(epoch, scope, *key, value.to_vec(), retention, ttl_seconds);
         }
         Some(Fetched {
             value,
             retention,
             tier: Tier::Remote,
-            ttl_seconds: None,
+            ttl_seconds: ttl_seconds.map(|t| i64::try_from(t).unwrap_or(i64::MAX)),
         })
     }
 

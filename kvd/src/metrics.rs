@@ -397,6 +397,7 @@ pub fn render_tiers(ram: &Stats, lower: &Lower, prefetched: &PrefetchCounters) -
         ("missing", &prefetched.missing),
         ("late", &prefetched.late),
         ("dropped", &prefetched.dropped),
+        ("refused", &prefetched.refused),
     ] {
         let _ = writeln!(
             out,

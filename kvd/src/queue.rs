@@ -52,6 +52,18 @@ impl<T> ByteQueue<T> {
         true
     }
 
+    /// Queues a control item of no size past the bound (still not once closed).
+    pub fn push_always(&self, item: T) -> bool {
+        let mut s = self.lock();
+        if s.closed {
+            return false;
+        }
+        s.items.push_back((item, 0));
+        drop(s);
+        self.ready.notify_one();
+        true
+    }
+
     /// Waits for items and takes up to `max_items` of them (at least one); empty once the
     /// queue is closed and drained.
     pub fn pop_batch(&self, max_items: usize) -> Vec<T> {

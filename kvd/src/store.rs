@@ -464,8 +464,9 @@ impl Store {
 
     /// Brings a value found in a slower tier into RAM (not counted as a set), evictable
     /// as `ephemeral` since the slower tier keeps it, and returns how to answer with it.
-    /// A key written meanwhile keeps its newer value (which is answered instead); after a
-    /// `clear` since `generation`, nothing is stored. `Err` when RAM does not take it.
+    /// A key written meanwhile keeps its newer value (which is answered instead, with
+    /// `false`: nothing was inserted); after a `clear` since `generation`, nothing is
+    /// stored. `Err` when RAM does not take it.
     #[allow(clippy::too_many_arguments)]
     pub fn promote(
         &mut self,
@@ -476,17 +477,21 @@ impl Store {
         ttl_seconds: Option<i64>,
         generation: u64,
         now: Instant,
-    ) -> Result<Found, String> {
+    ) -> Result<(Found, bool), String> {
         if self.clears != generation {
             return Err("cleared while it was read".into());
         }
         if let Some(id) = self.lookup(scope, &key, now) {
-            return self.found(id).ok_or_else(|| "entry vanished".into());
+            return self
+                .found(id)
+                .map(|f| (f, false))
+                .ok_or_else(|| "entry vanished".into());
         }
         let class = retention.min(Retention::Ephemeral);
         self.store_value(scope, key, value, (retention, class), ttl_seconds, now)?;
         self.lookup(scope, &key, now)
             .and_then(|id| self.found(id))
+            .map(|f| (f, true))
             .ok_or_else(|| "promoted entry vanished".into())
     }
 
@@ -528,10 +533,7 @@ impl Store {
         let ids: Vec<EntryId> = self
             .entries
             .iter()
-            .filter(|(_, e)| {
-                (scope.model.is_empty() || e.scope.model == scope.model)
-                    && (scope.compat_key.is_empty() || e.scope.compat_key == scope.compat_key)
-            })
+            .filter(|(_, e)| scope.covers(&e.scope))
             .map(|(id, _)| *id)
             .collect();
         for id in &ids {

@@ -24,6 +24,14 @@ pub struct Scope {
     pub compat_key: String,
 }
 
+impl Scope {
+    /// Whether a `clear` of `self` covers entries of `scope` (`""` fields match all).
+    pub fn covers(&self, scope: &Scope) -> bool {
+        (self.model.is_empty() || self.model == scope.model)
+            && (self.compat_key.is_empty() || self.compat_key == scope.compat_key)
+    }
+}
+
 /// One value to store.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SetItem {

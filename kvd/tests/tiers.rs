@@ -524,8 +524,18 @@ fn redis_shares_long_entries_across_hosts_and_a_dead_store_is_a_counted_miss() {
         vec![false],
         "short stays local"
     );
-    let stored = store.get(&name(3)).unwrap().unwrap();
+    let (stored, ttl) = store.get(&name(3)).unwrap().unwrap();
     assert_eq!(&unseal(stored).unwrap().0[..], &value_for(3, KIB64)[..]);
+    assert_eq!(ttl, None, "written without a TTL");
+    store
+        .put("ttl-probe", b"x", Some(Duration::from_secs(60)))
+        .unwrap();
+    let (_, ttl) = store.get("ttl-probe").unwrap().unwrap();
+    let ttl = ttl.unwrap();
+    assert!(
+        ttl > Duration::from_secs(50) && ttl <= Duration::from_secs(60),
+        "{ttl:?}"
+    );
 
     // Another host's kvd reads them through.
     let b = start(&[

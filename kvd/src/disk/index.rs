@@ -85,12 +85,6 @@ pub struct Allocation {
     pub evicted: Option<(Scope, Key)>,
 }
 
-/// Whether `scope` is covered by a clear of `filter` (`""` fields match all).
-pub fn matches(filter: &Scope, scope: &Scope) -> bool {
-    (filter.model.is_empty() || filter.model == scope.model)
-        && (filter.compat_key.is_empty() || filter.compat_key == scope.compat_key)
-}
-
 impl Index {
     /// An empty index over devices of `slots[d]` slots each (0 until the slot size is
     /// known).
@@ -236,7 +230,7 @@ impl Index {
         let ids: Vec<(Scope, Key)> = self
             .entries
             .keys()
-            .filter(|(scope, _)| matches(filter, scope))
+            .filter(|(scope, _)| filter.covers(scope))
             .cloned()
             .collect();
         for id in &ids {

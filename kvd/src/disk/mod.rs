@@ -16,10 +16,10 @@ use crate::queue::ByteQueue;
 use crate::tier::TierCounters;
 use crate::wire::{Key, Scope};
 use device::{ALIGN, Device, IoMode, Sizing};
-use index::{DiskEntry, Index};
+use index::{DiskEntry, Index, Loc};
 use infera_proto::retention::Retention;
 use record::Record;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -67,6 +67,19 @@ struct Pending {
     retention: Retention,
     expires: Option<u64>,
     epoch: u64,
+    kind: Kind,
+}
+
+/// What a queued item asks of the writer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A client's write.
+    Write,
+    /// A copy of a value read from the distributed tier: never replaces what a write
+    /// queued or made, which may be newer.
+    Fill,
+    /// Drop the key (a write of it was dropped: its older value must not be answered).
+    Forget,
 }
 
 /// Sizes and state, for metrics and `stats`.
@@ -330,12 +343,13 @@ impl Disk {
         retention: Retention,
         ttl_seconds: Option<u64>,
     ) {
-        self.write_through_since(self.epoch(), scope, key, value, retention, ttl_seconds);
+        let item = self.pending(Kind::Write, self.epoch(), scope, key, value, retention);
+        self.enqueue(item, ttl_seconds);
     }
 
-    /// [`Disk::write_through`] of a value known as of clear `epoch`: a clear of its
-    /// scope since then drops it.
-    pub fn write_through_since(
+    /// Queues a copy of a value the distributed tier answered, read as of clear `epoch`:
+    /// a clear of its scope since, or any write of the key, wins over it.
+    pub fn fill(
         &self,
         epoch: u64,
         scope: &Scope,
@@ -344,21 +358,56 @@ impl Disk {
         retention: Retention,
         ttl_seconds: Option<u64>,
     ) {
-        let d = self.device_for(scope, &key);
-        let bytes = value.len() as u64;
-        let pending = Pending {
+        let item = self.pending(Kind::Fill, epoch, scope, key, value, retention);
+        self.enqueue(item, ttl_seconds);
+    }
+
+    fn pending(
+        &self,
+        kind: Kind,
+        epoch: u64,
+        scope: &Scope,
+        key: Key,
+        value: Vec<u8>,
+        retention: Retention,
+    ) -> Pending {
+        Pending {
             scope: scope.clone(),
             key,
             value,
             retention,
-            expires: ttl_seconds.map(|t| now_unix().saturating_add(t)),
+            expires: None,
             epoch,
+            kind,
+        }
+    }
+
+    fn enqueue(&self, mut item: Pending, ttl_seconds: Option<u64>) {
+        let d = self.device_for(&item.scope, &item.key);
+        let Some(queue) = self.queues.get(d) else {
+            return;
         };
-        if !self.queues.get(d).is_some_and(|q| q.push(pending, bytes)) {
-            self.counters.failed("write", "queue_full");
-            // No I/O here (a request is waiting): the older value is forgotten in
-            // memory; the journal still names it until it is written again.
-            self.index().remove(scope, &key, None);
+        item.expires = ttl_seconds.map(|t| now_unix().saturating_add(t));
+        let bytes = item.value.len() as u64;
+        let (kind, scope, key, epoch) = (item.kind, item.scope.clone(), item.key, item.epoch);
+        if queue.push(item, bytes) {
+            return;
+        }
+        self.counters.failed("write", "queue_full");
+        if kind == Kind::Write {
+            // The older value must not be answered: gone from the index now, and a
+            // tombstone (no bytes, always taken) makes the writer journal that, after
+            // any write of the key queued before.
+            self.index().remove(&scope, &key, None);
+            let tombstone = self.pending(
+                Kind::Forget,
+                epoch,
+                &scope,
+                key,
+                Vec::new(),
+                Retention::None,
+            );
+            queue.push_always(tombstone);
         }
     }
 
@@ -371,22 +420,31 @@ impl Disk {
         }
         clears
             .iter()
-            .any(|(e, filter)| *e > epoch && index::matches(filter, scope))
+            .any(|(e, filter)| *e > epoch && filter.covers(scope))
     }
 
-    /// A write of `key` failed: its older value on disk is dropped too (else a later
-    /// read would answer bytes older than the ones acknowledged).
-    fn forget(&self, device: usize, scope: &Scope, key: &Key) {
-        if !self.index().remove(scope, key, None) {
+    /// Writes of these keys failed or were dropped: their older values on disk go too
+    /// (else a later read would answer bytes older than the ones acknowledged), in one
+    /// journal append.
+    /// `journal` says the record is owed even if the index no longer holds the key (a
+    /// tombstone: the index forgot it when the write was dropped).
+    fn forget_all(&self, device: usize, keys: Vec<(Scope, Key, bool)>) {
+        let records: Vec<Record> = {
+            let mut ix = self.index();
+            keys.into_iter()
+                .filter(|(scope, key, journal)| ix.remove(scope, key, None) || *journal)
+                .map(|(scope, key, _)| Record::Remove {
+                    seq: self.seq.fetch_add(1, Ordering::AcqRel),
+                    scope,
+                    key,
+                })
+                .collect()
+        };
+        if records.is_empty() {
             return;
         }
-        let record = Record::Remove {
-            seq: self.seq.fetch_add(1, Ordering::AcqRel),
-            scope: scope.clone(),
-            key: *key,
-        };
         if let Some(d) = self.devices.get(device)
-            && let Err(e) = d.append(&[record])
+            && let Err(e) = d.append(&records)
         {
             self.counters.failed("write", io_reason(&e));
         }
@@ -423,14 +481,14 @@ impl Disk {
     }
 
     /// The slot size, fixed by the first value written (or `--long-slot-bytes`) and
-    /// recorded on every device; `None` when `len` cannot have one.
-    fn fix_slot_size(&self, len: u64) -> Option<u64> {
+    /// recorded on every device; `Err(reason)` when it cannot be fixed.
+    fn fix_slot_size(&self, len: u64) -> Result<u64, &'static str> {
         let mut size = self
             .slot_size
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         if *size != 0 {
-            return Some(*size);
+            return Ok(*size);
         }
         let smallest = self.devices.iter().map(Device::capacity).min().unwrap_or(0);
         let wanted = self
@@ -438,12 +496,12 @@ impl Disk {
             .unwrap_or(len)
             .max(1)
             .checked_next_multiple_of(ALIGN)
-            .filter(|w| *w <= smallest)?;
+            .filter(|w| *w <= smallest)
+            .ok_or("too_large")?;
         for d in &self.devices {
             if let Err(e) = d.write_slot_size(wanted) {
                 tracing::warn!(dir = %d.dir().display(), "recording the slot size: {e}");
-                self.counters.failed("write", io_reason(&e));
-                return None;
+                return Err(io_reason(&e));
             }
         }
         let mut ix = self.index();
@@ -452,7 +510,7 @@ impl Disk {
         }
         *size = wanted;
         tracing::info!(slot_size = wanted, "NVMe tier slot size fixed");
-        Some(wanted)
+        Ok(wanted)
     }
 
     /// Writes what is queued for `device` until [`Disk::close`]; run on its own thread.
@@ -470,6 +528,37 @@ impl Disk {
         }
     }
 
+    /// Which of a batch to act on: none a clear since covers; per key, the last write or
+    /// tombstone, else the last fill (a fill never wins over a write, which may be
+    /// newer); no fill of a key the tier already holds.
+    fn settle(&self, batch: Vec<Pending>) -> Vec<Pending> {
+        let mut chosen: HashMap<(Scope, Key), Pending> = HashMap::new();
+        let mut order = Vec::new();
+        for p in batch {
+            if self.cleared_since(p.epoch, &p.scope) {
+                continue;
+            }
+            let id = (p.scope.clone(), p.key);
+            match chosen.get(&id) {
+                Some(held) if held.kind != Kind::Fill && p.kind == Kind::Fill => {}
+                Some(_) => {
+                    chosen.insert(id, p);
+                }
+                None => {
+                    order.push(id.clone());
+                    chosen.insert(id, p);
+                }
+            }
+        }
+        let ix = self.index();
+        let now = now_unix();
+        order
+            .into_iter()
+            .filter_map(|id| chosen.remove(&id))
+            .filter(|p| p.kind != Kind::Fill || !ix.contains(&p.scope, &p.key, now))
+            .collect()
+    }
+
     fn write_batch(&self, device: usize, batch: Vec<Pending>) {
         let Some(dev) = self.devices.get(device) else {
             return;
@@ -478,41 +567,41 @@ impl Disk {
             .clear_gate
             .read()
             .unwrap_or_else(PoisonError::into_inner);
-        // Only the last write of a key in a batch counts (the earlier ones are
-        // superseded); none covered by a clear since it was queued.
-        let mut seen = std::collections::HashSet::new();
-        let mut batch: Vec<Pending> = batch
-            .into_iter()
-            .rev()
-            .filter(|p| seen.insert((p.scope.clone(), p.key)))
-            .filter(|p| !self.cleared_since(p.epoch, &p.scope))
-            .collect();
-        batch.reverse();
-        let Some(first) = batch.first() else {
-            return;
-        };
-        let Some(slot_size) = self.fix_slot_size(first.value.len() as u64) else {
-            for p in &batch {
-                self.counters.failed("write", "too_large");
-                self.forget(device, &p.scope, &p.key);
+        let mut forget = Vec::new();
+        let mut writes = Vec::new();
+        for p in self.settle(batch) {
+            match p.kind {
+                Kind::Forget => forget.push((p.scope, p.key, true)),
+                Kind::Write | Kind::Fill => writes.push(p),
             }
-            return;
+        }
+        let mut fail = |p: Pending, reason: &'static str| {
+            self.counters.failed("write", reason);
+            forget.push((p.scope, p.key, false));
         };
-        match device::free_bytes(dev.dir()) {
-            Ok(free) if free < self.min_free => {
-                for p in &batch {
-                    self.counters.failed("write", "below_floor");
-                    self.forget(device, &p.scope, &p.key);
+        let slot_size = match writes
+            .first()
+            .map(|p| self.fix_slot_size(p.value.len() as u64))
+        {
+            Some(Ok(size)) => size,
+            Some(Err(reason)) => {
+                writes.drain(..).for_each(|p| fail(p, reason));
+                0
+            }
+            None => 0,
+        };
+        if !writes.is_empty() {
+            match device::free_bytes(dev.dir()) {
+                Ok(free) if free < self.min_free => {
+                    writes.drain(..).for_each(|p| fail(p, "below_floor"));
                 }
-                return;
+                Ok(_) => {}
+                Err(e) => tracing::warn!(dir = %dev.dir().display(), "statvfs: {e}"),
             }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(dir = %dev.dir().display(), "statvfs: {e}"),
         }
         let mut written = Vec::new();
-        for p in batch {
+        for p in writes {
             if p.value.len() as u64 > slot_size {
-                self.counters.failed("write", "too_large");
                 if !self.warned_too_large.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
                         len = p.value.len(),
@@ -520,12 +609,11 @@ impl Disk {
                         "a long value is larger than the NVMe slot size fixed by the first one; it stays in RAM (set --long-slot-bytes to the largest value)"
                     );
                 }
-                self.forget(device, &p.scope, &p.key);
+                fail(p, "too_large");
                 continue;
             }
             let Some(alloc) = self.index().allocate(device) else {
-                self.counters.failed("write", "no_space");
-                self.forget(device, &p.scope, &p.key);
+                fail(p, "no_space");
                 continue;
             };
             if alloc.evicted.is_some() {
@@ -535,13 +623,25 @@ impl Disk {
                 Ok(()) => written.push((p, alloc.loc)),
                 Err(e) => {
                     self.index().release(alloc.loc);
-                    self.counters.failed("write", io_reason(&e));
-                    self.forget(device, &p.scope, &p.key);
+                    fail(p, io_reason(&e));
                 }
             }
         }
+        if let Err((failed, reason)) = self.commit(dev, written) {
+            failed.into_iter().for_each(|p| fail(p, reason));
+        }
+        self.forget_all(device, forget);
+    }
+
+    /// Syncs the written values, journals them, then puts them in the index; on failure
+    /// their slots are given back and they are returned with the reason.
+    fn commit(
+        &self,
+        dev: &Device,
+        written: Vec<(Pending, Loc)>,
+    ) -> Result<(), (Vec<Pending>, &'static str)> {
         if written.is_empty() {
-            return;
+            return Ok(());
         }
         let records: Vec<Record> = written
             .iter()
@@ -557,35 +657,23 @@ impl Disk {
             })
             .collect();
         if let Err(e) = dev.sync_data().and_then(|()| dev.append(&records)) {
-            let reason = io_reason(&e);
-            {
-                let mut ix = self.index();
-                for (_, loc) in &written {
-                    ix.release(*loc);
-                }
+            let mut ix = self.index();
+            for (_, loc) in &written {
+                ix.release(*loc);
             }
-            for (p, _) in &written {
-                self.counters.failed("write", reason);
-                self.forget(device, &p.scope, &p.key);
-            }
-            return;
+            return Err((written.into_iter().map(|(p, _)| p).collect(), io_reason(&e)));
         }
         let mut ix = self.index();
         for ((p, loc), r) in written.into_iter().zip(records) {
-            ix.insert(
-                p.scope,
-                p.key,
-                DiskEntry::new(
-                    loc,
-                    p.value.len() as u64,
-                    xxh3_64(&p.value),
-                    p.retention,
-                    p.expires,
-                    r.seq(),
-                ),
-            );
-            self.counters.wrote(p.value.len());
+            let Record::Put { seq, checksum, .. } = r else {
+                continue;
+            };
+            let length = p.value.len();
+            let entry = DiskEntry::new(loc, length as u64, checksum, p.retention, p.expires, seq);
+            ix.insert(p.scope, p.key, entry);
+            self.counters.wrote(length);
         }
+        Ok(())
     }
 
     fn maybe_compact(&self, device: usize) {

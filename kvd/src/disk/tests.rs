@@ -108,7 +108,7 @@ fn a_clear_drops_queued_writes_of_its_scope_only() {
     }
     assert_eq!(disk.clear(&scope("a")), 0, "nothing written yet");
     let epoch_before = disk.epoch() - 1;
-    disk.write_through_since(
+    disk.fill(
         epoch_before,
         &scope("a"),
         [9; 8],
@@ -160,4 +160,91 @@ fn expiry_survives_a_restart_and_is_handed_to_ram() {
     let hit = disk.fetch(&scope("m"), &[1; 8]).unwrap();
     let ttl = hit.ttl_seconds.unwrap();
     assert!((3590..=3600).contains(&ttl), "{ttl}");
+}
+
+/// Writes what is queued now, as the writer thread would, without stopping the queue.
+fn step(disk: &Disk) {
+    if !disk.queues[0].is_empty() {
+        let batch = disk.queues[0].pop_batch(BATCH);
+        disk.write_batch(0, batch);
+    }
+}
+
+#[test]
+fn a_copy_from_the_store_never_replaces_a_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = open(dir.path(), COMPACT_MIN);
+    let epoch = disk.epoch();
+    disk.write_through(&scope("m"), [1; 8], value(1, 2), Retention::Long, None);
+    disk.fill(
+        epoch,
+        &scope("m"),
+        [1; 8],
+        value(1, 1),
+        Retention::Long,
+        None,
+    );
+    step(&disk);
+    assert_eq!(
+        fetched(&disk, "m", 1),
+        version(1, 2),
+        "the write, queued first"
+    );
+    disk.fill(
+        epoch,
+        &scope("m"),
+        [1; 8],
+        value(1, 1),
+        Retention::Long,
+        None,
+    );
+    step(&disk);
+    assert_eq!(
+        fetched(&disk, "m", 1),
+        version(1, 2),
+        "a held key is not filled"
+    );
+    disk.fill(
+        epoch,
+        &scope("m"),
+        [2; 8],
+        value(2, 1),
+        Retention::Long,
+        None,
+    );
+    step(&disk);
+    assert_eq!(fetched(&disk, "m", 2), version(2, 1), "a missing key is");
+}
+
+#[test]
+fn a_write_dropped_for_a_full_queue_takes_the_older_values_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = Arc::new(
+        Disk::open(&DiskOptions {
+            paths: vec![dir.path().to_owned()],
+            bytes: Some(4 << 20),
+            min_free: 0,
+            io: IoMode::Auto,
+            slot_bytes: Some(8192),
+            queue_bytes: 4096,
+            compact_min_bytes: COMPACT_MIN,
+        })
+        .unwrap(),
+    );
+    disk.write_through(&scope("m"), [1; 8], value(1, 1), Retention::Long, None);
+    step(&disk);
+    assert_eq!(fetched(&disk, "m", 1), version(1, 1));
+    disk.write_through(&scope("m"), [1; 8], value(1, 2), Retention::Long, None);
+    disk.write_through(&scope("m"), [1; 8], value(1, 3), Retention::Long, None);
+    assert_eq!(disk.counters.failure_count("write", "queue_full"), 1);
+    assert_eq!(fetched(&disk, "m", 1), None, "gone at once");
+    step(&disk);
+    assert_eq!(fetched(&disk, "m", 1), None, "not version 2, queued before");
+    drop(disk);
+    let disk = open(dir.path(), COMPACT_MIN);
+    assert_eq!(
+        fetched(&disk, "m", 1),
+        None,
+        "nor version 1 after a restart"
+    );
 }

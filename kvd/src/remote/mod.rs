@@ -48,7 +48,8 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// Where it is, for logs (no credentials).
     fn describe(&self) -> String;
     /// The value under `name`, if any.
-    fn get(&self, name: &str) -> Result<Option<Buf>, RemoteError>;
+    /// The value under `name` and its remaining time to live, if any.
+    fn get(&self, name: &str) -> Result<Option<(Buf, Option<Duration>)>, RemoteError>;
     /// Stores `value` under `name`, expiring after `ttl` when given.
     fn put(&self, name: &str, value: &[u8], ttl: Option<Duration>) -> Result<(), RemoteError>;
     /// Whether each name is present.
@@ -94,7 +95,7 @@ enum Job {
         sealed: Vec<u8>,
         ttl: Option<Duration>,
     },
-    Clear(Pattern),
+    Clear(Pattern, Scope),
 }
 
 /// The distributed tier.
@@ -103,6 +104,8 @@ pub struct Remote {
     backend: Arc<dyn Backend>,
     options: RemoteOptions,
     down_until: Mutex<Option<Instant>>,
+    /// Scopes cleared here whose clear has not reached the store yet.
+    pending_clears: Mutex<Vec<Scope>>,
     queue: ByteQueue<Job>,
     /// What it served, wrote and failed at.
     pub counters: TierCounters,
@@ -116,6 +119,7 @@ impl Remote {
             queue: ByteQueue::new(options.queue_bytes),
             options,
             down_until: Mutex::new(None),
+            pending_clears: Mutex::new(Vec::new()),
             counters: TierCounters::default(),
         }
     }
@@ -172,20 +176,35 @@ impl Remote {
         }
     }
 
-    /// Reads a key through: the value and its retention, or `None` (a miss, also when the
-    /// store failed or held a damaged value).
-    pub fn fetch(&self, scope: &Scope, key: &Key) -> Option<(Buf, Retention)> {
+    /// Whether a clear of a scope covering `scope` has not reached the store yet (its
+    /// entries there are stale).
+    fn clearing(&self, scope: &Scope) -> bool {
+        self.pending_clears
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .any(|filter| filter.covers(scope))
+    }
+
+    /// Reads a key through: the value, its retention and its time to live, or `None` (a
+    /// miss, also when the store failed, held a damaged value, or a clear of its scope is
+    /// still on its way).
+    pub fn fetch(&self, scope: &Scope, key: &Key) -> Option<(Buf, Retention, Option<Duration>)> {
+        if self.clearing(scope) {
+            self.counters.miss();
+            return None;
+        }
         let name = naming::remote_key(&self.options.namespace, scope, key);
         let started = Instant::now();
         let stored = self.guarded("read", || self.backend.get(&name)).flatten();
-        let Some(stored) = stored else {
+        let Some((stored, ttl)) = stored else {
             self.counters.miss();
             return None;
         };
         match naming::unseal(stored) {
             Ok((value, retention)) => {
                 self.counters.hit(value.len(), started.elapsed());
-                Some((value, retention))
+                Some((value, retention, ttl))
             }
             Err(e) => {
                 self.counters.failed(
@@ -224,6 +243,9 @@ impl Remote {
 
     /// Whether each key is in the store (all false when it cannot say in time).
     pub fn exists(&self, scope: &Scope, keys: &[Key]) -> Vec<bool> {
+        if self.clearing(scope) {
+            return vec![false; keys.len()];
+        }
         let names: Vec<String> = keys
             .iter()
             .map(|k| naming::remote_key(&self.options.namespace, scope, k))
@@ -233,11 +255,16 @@ impl Remote {
             .unwrap_or_else(|| vec![false; keys.len()])
     }
 
-    /// Queues the removal of a scope's entries (after the writes queued before it).
+    /// Queues the removal of a scope's entries (after the writes queued before it,
+    /// never refused); until it is done, the scope's entries read as misses.
     pub fn clear(&self, scope: &Scope) {
+        self.pending_clears
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(scope.clone());
         let pattern = naming::clear_pattern(&self.options.namespace, scope);
-        if !self.queue.push(Job::Clear(pattern), 0) {
-            self.counters.failed("clear", "queue_full");
+        if !self.queue.push_always(Job::Clear(pattern, scope.clone())) {
+            self.counters.failed("clear", "unavailable");
         }
     }
 
@@ -259,15 +286,26 @@ impl Remote {
                             self.counters.wrote(n);
                         }
                     }
-                    Job::Clear(p) => self.clear_now(&p),
+                    Job::Clear(p, scope) => {
+                        if self.clear_now(&p) {
+                            let mut pending = self
+                                .pending_clears
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner);
+                            if let Some(i) = pending.iter().position(|s| *s == scope) {
+                                pending.swap_remove(i);
+                            }
+                        }
+                    }
                 }
             }
         }
     }
 
     /// Runs a clear, waiting out pauses (a few times): unlike a dropped write, a
-    /// dropped clear would let stale entries be read back.
-    fn clear_now(&self, p: &Pattern) {
+    /// dropped clear would let stale entries be read back. Given up, the scope keeps
+    /// reading as misses until kvd restarts.
+    fn clear_now(&self, p: &Pattern) -> bool {
         for _ in 0..CLEAR_ATTEMPTS {
             let until = *self
                 .down_until
@@ -278,10 +316,11 @@ impl Remote {
             }
             if let Some(n) = self.guarded("clear", || self.backend.clear(p)) {
                 tracing::info!(pattern = %p.glob, removed = n, "cleared from the distributed tier");
-                return;
+                return true;
             }
         }
-        tracing::error!(pattern = %p.glob, "could not clear the distributed tier; its entries may still be read");
+        tracing::error!(pattern = %p.glob, "could not clear the distributed tier; its entries read as misses from this kvd until it restarts");
+        false
     }
 
     /// Writes waiting.

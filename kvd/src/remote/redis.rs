@@ -12,8 +12,8 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Where the server is and how to log in, from `redis://[user[:password]@]host[:port][/db]`
-/// (`valkey://` is the same).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// (`valkey://` is the same). Its `Debug` masks the password.
+#[derive(Clone, PartialEq, Eq)]
 pub struct RedisUrl {
     /// Host name or address.
     pub host: String,
@@ -25,6 +25,18 @@ pub struct RedisUrl {
     pub password: Option<String>,
     /// Database number.
     pub db: u32,
+}
+
+impl std::fmt::Debug for RedisUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisUrl")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("db", &self.db)
+            .finish()
+    }
 }
 
 /// `url` with its credentials masked, for messages and logs.
@@ -89,7 +101,10 @@ fn parse(url: &str) -> Result<RedisUrl, String> {
 #[derive(Debug)]
 struct Conn {
     stream: TcpStream,
+    /// Read buffer: `buf[..filled]` holds what was read; the rest is zeroed room
+    /// (grown, never shrunk while the connection is pooled).
     buf: Vec<u8>,
+    filled: usize,
 }
 
 /// Connections kept open for reuse.
@@ -139,6 +154,7 @@ impl Redis {
                     let mut conn = Conn {
                         stream,
                         buf: Vec::new(),
+                        filled: 0,
                     };
                     self.log_in(&mut conn, deadline)?;
                     return Ok(conn);
@@ -181,8 +197,8 @@ impl Redis {
     }
 
     fn checkin(&self, mut conn: Conn) {
-        conn.buf.clear();
-        if conn.buf.capacity() > KEEP_BUF {
+        conn.filled = 0;
+        if conn.buf.len() > KEEP_BUF {
             conn.buf = Vec::new();
         }
         let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
@@ -211,7 +227,7 @@ impl Redis {
                     self.checkin(conn);
                     return Ok(v);
                 }
-                Err(RemoteError::Unavailable(_)) if conn.buf.is_empty() => {}
+                Err(RemoteError::Unavailable(_)) if conn.filled == 0 => {}
                 Err(e) => return Err(e),
             }
         }
@@ -231,23 +247,32 @@ impl Redis {
 const KEEP_BUF: usize = 1 << 20;
 /// Arguments at least this large are written from where they are, not copied.
 const COPY_LIMIT: usize = 64 << 10;
-/// Most bytes moved by one bounded read or write: a deadline is overrun by at most one
-/// piece's wait.
-const IO_PIECE: usize = 1 << 20;
+/// Bytes read ahead when a reply's length is not known yet.
+const READ_AHEAD: usize = 16 << 10;
 
-/// Writes `bytes` in pieces, each bounded by what is left of the deadline.
+/// Writes `bytes`; every system call waits at most what is left of the deadline.
 fn write_by(stream: &mut TcpStream, bytes: &[u8], deadline: Instant) -> Result<(), RemoteError> {
-    for piece in bytes.chunks(IO_PIECE) {
+    let mut at = 0;
+    while at < bytes.len() {
         stream
             .set_write_timeout(Some(remaining(deadline)?))
             .map_err(|e| io_error(&e))?;
-        stream.write_all(piece).map_err(|e| io_error(&e))?;
+        match stream.write(&bytes[at..]) {
+            Ok(0) => {
+                return Err(RemoteError::Unavailable(
+                    "the server stopped reading".into(),
+                ));
+            }
+            Ok(n) => at += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(io_error(&e)),
+        }
     }
     Ok(())
 }
 
 fn send(conn: &mut Conn, cmds: &[Vec<&[u8]>], deadline: Instant) -> Result<(), RemoteError> {
-    conn.buf.clear();
+    conn.filled = 0;
     let mut out = Vec::new();
     for c in cmds {
         out.extend_from_slice(format!("*{}\r\n", c.len()).as_bytes());
@@ -266,35 +291,31 @@ fn send(conn: &mut Conn, cmds: &[Vec<&[u8]>], deadline: Instant) -> Result<(), R
     write_by(&mut conn.stream, &out, deadline)
 }
 
-/// Reads more of the reply starting at `conn.buf[start..]`: the rest of a bulk string
-/// straight into the buffer (no zero-filling), else what the socket has.
+/// Reads more of the reply starting at `conn.buf[start..]` with one system call that
+/// waits at most what is left of the deadline. Once a bulk string's length is known,
+/// the buffer grows to hold it whole (zeroed once), so a large value is read in place.
 fn fill(conn: &mut Conn, start: usize, deadline: Instant) -> Result<(), RemoteError> {
+    let end = match resp::bulk_span(&conn.buf[start..conn.filled]) {
+        Some((_, _, total)) if start + total > conn.filled => start + total,
+        _ => conn.filled + READ_AHEAD,
+    };
+    if conn.buf.len() < end {
+        conn.buf.resize(end, 0);
+    }
     conn.stream
         .set_read_timeout(Some(remaining(deadline)?))
         .map_err(|e| io_error(&e))?;
-    let have = conn.buf.len() - start;
-    let n = match resp::bulk_span(&conn.buf[start..]) {
-        Some((_, _, total)) if total > have => {
-            let missing = (total - have).min(IO_PIECE);
-            conn.buf.reserve(missing);
-            (&mut conn.stream)
-                .take(missing as u64)
-                .read_to_end(&mut conn.buf)
-                .map_err(|e| io_error(&e))?
-        }
-        _ => {
-            let mut chunk = [0u8; 16 << 10];
-            let n = conn.stream.read(&mut chunk).map_err(|e| io_error(&e))?;
-            conn.buf.extend_from_slice(&chunk[..n]);
-            n
-        }
-    };
-    if n == 0 {
-        return Err(RemoteError::Unavailable(
+    match conn.stream.read(&mut conn.buf[conn.filled..end]) {
+        Ok(0) => Err(RemoteError::Unavailable(
             "the server closed the connection".into(),
-        ));
+        )),
+        Ok(n) => {
+            conn.filled += n;
+            Ok(())
+        }
+        Err(e) if e.kind() == ErrorKind::Interrupted => Ok(()),
+        Err(e) => Err(io_error(&e)),
     }
-    Ok(())
 }
 
 fn roundtrip(
@@ -306,8 +327,8 @@ fn roundtrip(
     let mut replies = Vec::with_capacity(cmds.len());
     let mut start = 0;
     while replies.len() < cmds.len() {
-        if let Some((v, used)) =
-            resp::parse(&conn.buf[start..]).map_err(|e| RemoteError::Protocol(e.to_string()))?
+        if let Some((v, used)) = resp::parse(&conn.buf[start..conn.filled])
+            .map_err(|e| RemoteError::Protocol(e.to_string()))?
         {
             replies.push(v);
             start += used;
@@ -340,32 +361,53 @@ impl Backend for Redis {
         )
     }
 
-    fn get(&self, name: &str) -> Result<Option<Buf>, RemoteError> {
+    fn get(&self, name: &str) -> Result<Option<(Buf, Option<Duration>)>, RemoteError> {
         self.with_conn(self.timeout, |conn, deadline| {
-            send(conn, &[vec![b"GET", name.as_bytes()]], deadline)?;
+            let cmds = [
+                vec![b"GET".as_slice(), name.as_bytes()],
+                vec![b"PTTL".as_slice(), name.as_bytes()],
+            ];
+            send(conn, &cmds, deadline)?;
+            let protocol = |e: resp::Malformed| RemoteError::Protocol(e.to_string());
             loop {
-                if let Some((start, end, total)) = resp::bulk_span(&conn.buf) {
-                    if conn.buf.len() == total {
-                        // The value is taken where it was read: no copy.
-                        let data = std::mem::take(&mut conn.buf);
-                        return Ok(Some(Buf::view(data, start, end)));
+                let read = &conn.buf[..conn.filled];
+                // The value: a bulk string (taken in place once whole) or nil.
+                let (span, after) = match resp::bulk_span(read) {
+                    Some((start, end, total)) if total <= read.len() => (Some((start, end)), total),
+                    Some(_) => {
+                        fill(conn, 0, deadline)?;
+                        continue;
                     }
-                    if conn.buf.len() > total {
-                        return Err(RemoteError::Protocol(
-                            "GET answered more than one reply".into(),
-                        ));
+                    None => match resp::parse(read).map_err(protocol)? {
+                        Some((Value::Bulk(None), used)) => (None, used),
+                        Some((other, _)) => {
+                            return Err(refused(&other).unwrap_or_else(|| {
+                                RemoteError::Protocol(format!("GET answered {other:?}"))
+                            }));
+                        }
+                        None => {
+                            fill(conn, 0, deadline)?;
+                            continue;
+                        }
+                    },
+                };
+                // Its time to live in ms (-1: none, -2: no key).
+                let ttl = match resp::parse(&read[after..]).map_err(protocol)? {
+                    Some((Value::Int(ms), _)) => u64::try_from(ms).ok().map(Duration::from_millis),
+                    Some((other, _)) => {
+                        return Err(RemoteError::Protocol(format!("PTTL answered {other:?}")));
                     }
-                } else if let Some((v, _)) =
-                    resp::parse(&conn.buf).map_err(|e| RemoteError::Protocol(e.to_string()))?
-                {
-                    return match v {
-                        Value::Bulk(None) => Ok(None),
-                        other => Err(refused(&other).unwrap_or_else(|| {
-                            RemoteError::Protocol(format!("GET answered {other:?}"))
-                        })),
-                    };
-                }
-                fill(conn, 0, deadline)?;
+                    None => {
+                        fill(conn, after, deadline)?;
+                        continue;
+                    }
+                };
+                return Ok(span.map(|(start, end)| {
+                    // The value is taken where it was read: no copy.
+                    let data = std::mem::take(&mut conn.buf);
+                    conn.filled = 0;
+                    (Buf::view(data, start, end), ttl)
+                }));
             }
         })
     }

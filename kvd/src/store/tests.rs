@@ -341,7 +341,7 @@ fn a_promotion_keeps_newer_data_yields_after_a_clear_and_gives_way_to_any_write(
     let generation = s.generation();
     s.set(&scope(), key(1), &value(9), Retention::Long, None, now)
         .unwrap();
-    let found = s
+    let (found, inserted) = s
         .promote(
             &scope(),
             key(1),
@@ -353,6 +353,7 @@ fn a_promotion_keeps_newer_data_yields_after_a_clear_and_gives_way_to_any_write(
         )
         .unwrap();
     assert_eq!(s.bytes_of(&found), Some(value(9)), "set while it was read");
+    assert!(!inserted);
 
     let generation = s.generation();
     s.clear(&scope());
