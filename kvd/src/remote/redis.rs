@@ -6,7 +6,7 @@ use super::naming::Pattern;
 use super::resp::{self, Value};
 use super::{Backend, RemoteError};
 use crate::buf::Buf;
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -101,10 +101,8 @@ fn parse(url: &str) -> Result<RedisUrl, String> {
 #[derive(Debug)]
 struct Conn {
     stream: TcpStream,
-    /// Read buffer: `buf[..filled]` holds what was read; the rest is zeroed room
-    /// (grown, never shrunk while the connection is pooled).
+    /// What was read of the replies so far.
     buf: Vec<u8>,
-    filled: usize,
 }
 
 /// Connections kept open for reuse.
@@ -154,7 +152,6 @@ impl Redis {
                     let mut conn = Conn {
                         stream,
                         buf: Vec::new(),
-                        filled: 0,
                     };
                     self.log_in(&mut conn, deadline)?;
                     return Ok(conn);
@@ -197,8 +194,8 @@ impl Redis {
     }
 
     fn checkin(&self, mut conn: Conn) {
-        conn.filled = 0;
-        if conn.buf.len() > KEEP_BUF {
+        conn.buf.clear();
+        if conn.buf.capacity() > KEEP_BUF {
             conn.buf = Vec::new();
         }
         let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
@@ -227,7 +224,7 @@ impl Redis {
                     self.checkin(conn);
                     return Ok(v);
                 }
-                Err(RemoteError::Unavailable(_)) if conn.filled == 0 => {}
+                Err(RemoteError::Unavailable(_)) if conn.buf.is_empty() => {}
                 Err(e) => return Err(e),
             }
         }
@@ -272,7 +269,7 @@ fn write_by(stream: &mut TcpStream, bytes: &[u8], deadline: Instant) -> Result<(
 }
 
 fn send(conn: &mut Conn, cmds: &[Vec<&[u8]>], deadline: Instant) -> Result<(), RemoteError> {
-    conn.filled = 0;
+    conn.buf.clear();
     let mut out = Vec::new();
     for c in cmds {
         out.extend_from_slice(format!("*{}\r\n", c.len()).as_bytes());
@@ -291,28 +288,40 @@ fn send(conn: &mut Conn, cmds: &[Vec<&[u8]>], deadline: Instant) -> Result<(), R
     write_by(&mut conn.stream, &out, deadline)
 }
 
+/// One read(2) of at most `max` bytes appended to `buf`, into its spare capacity (a
+/// 32 MiB value is neither zero-filled first nor copied after).
+#[allow(unsafe_code)]
+fn read_appending(stream: &TcpStream, buf: &mut Vec<u8>, max: usize) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    buf.reserve(max);
+    let spare = buf.spare_capacity_mut();
+    let n = max.min(spare.len());
+    // SAFETY: `spare` is memory owned by `buf`, writable for at least `n` bytes; read(2)
+    // writes at most `n` bytes there and reports how many.
+    let got = unsafe { libc::read(stream.as_raw_fd(), spare.as_mut_ptr().cast(), n) };
+    let got = usize::try_from(got).map_err(|_| std::io::Error::last_os_error())?;
+    // SAFETY: read(2) initialised the first `got` (<= n) bytes of the spare capacity.
+    unsafe { buf.set_len(buf.len() + got) };
+    Ok(got)
+}
+
 /// Reads more of the reply starting at `conn.buf[start..]` with one system call that
-/// waits at most what is left of the deadline. Once a bulk string's length is known,
-/// the buffer grows to hold it whole (zeroed once), so a large value is read in place.
+/// waits at most what is left of the deadline (the rest of a bulk string once its
+/// length is known).
 fn fill(conn: &mut Conn, start: usize, deadline: Instant) -> Result<(), RemoteError> {
-    let end = match resp::bulk_span(&conn.buf[start..conn.filled]) {
-        Some((_, _, total)) if start + total > conn.filled => start + total,
-        _ => conn.filled + READ_AHEAD,
+    let have = conn.buf.len() - start;
+    let want = match resp::bulk_span(&conn.buf[start..]) {
+        Some((_, _, total)) if total > have => total - have,
+        _ => READ_AHEAD,
     };
-    if conn.buf.len() < end {
-        conn.buf.resize(end, 0);
-    }
     conn.stream
         .set_read_timeout(Some(remaining(deadline)?))
         .map_err(|e| io_error(&e))?;
-    match conn.stream.read(&mut conn.buf[conn.filled..end]) {
+    match read_appending(&conn.stream, &mut conn.buf, want) {
         Ok(0) => Err(RemoteError::Unavailable(
             "the server closed the connection".into(),
         )),
-        Ok(n) => {
-            conn.filled += n;
-            Ok(())
-        }
+        Ok(_) => Ok(()),
         Err(e) if e.kind() == ErrorKind::Interrupted => Ok(()),
         Err(e) => Err(io_error(&e)),
     }
@@ -327,8 +336,8 @@ fn roundtrip(
     let mut replies = Vec::with_capacity(cmds.len());
     let mut start = 0;
     while replies.len() < cmds.len() {
-        if let Some((v, used)) = resp::parse(&conn.buf[start..conn.filled])
-            .map_err(|e| RemoteError::Protocol(e.to_string()))?
+        if let Some((v, used)) =
+            resp::parse(&conn.buf[start..]).map_err(|e| RemoteError::Protocol(e.to_string()))?
         {
             replies.push(v);
             start += used;
@@ -370,7 +379,7 @@ impl Backend for Redis {
             send(conn, &cmds, deadline)?;
             let protocol = |e: resp::Malformed| RemoteError::Protocol(e.to_string());
             loop {
-                let read = &conn.buf[..conn.filled];
+                let read = &conn.buf[..];
                 // The value: a bulk string (taken in place once whole) or nil.
                 let (span, after) = match resp::bulk_span(read) {
                     Some((start, end, total)) if total <= read.len() => (Some((start, end)), total),
@@ -405,7 +414,6 @@ impl Backend for Redis {
                 return Ok(span.map(|(start, end)| {
                     // The value is taken where it was read: no copy.
                     let data = std::mem::take(&mut conn.buf);
-                    conn.filled = 0;
                     (Buf::view(data, start, end), ttl)
                 }));
             }
