@@ -8,19 +8,39 @@ fn scope(model: &str) -> Scope {
     }
 }
 
+/// A 4 MiB tier of 8 KiB slots in `dir`.
+fn options(dir: &std::path::Path) -> DiskOptions {
+    DiskOptions {
+        paths: vec![dir.to_owned()],
+        bytes: Some(4 << 20),
+        min_free: 0,
+        io: IoMode::Auto,
+        slot_bytes: Some(8192),
+        queue_bytes: 64 << 20,
+        compact_min_bytes: COMPACT_MIN,
+    }
+}
+
 fn open(dir: &std::path::Path, compact_min_bytes: u64) -> Arc<Disk> {
     Arc::new(
         Disk::open(&DiskOptions {
-            paths: vec![dir.to_owned()],
-            bytes: Some(4 << 20),
-            min_free: 0,
-            io: IoMode::Auto,
-            slot_bytes: Some(8192),
-            queue_bytes: 64 << 20,
             compact_min_bytes,
+            ..options(dir)
         })
         .unwrap(),
     )
+}
+
+/// A value of `key`, `version`, as copied from the store as of `epoch`.
+fn fill(disk: &Disk, epoch: u64, key: u8, version: u32) {
+    disk.fill(
+        epoch,
+        &scope("m"),
+        [key; 8],
+        value(key, version),
+        Retention::Long,
+        None,
+    );
 }
 
 fn value(key: u8, version: u32) -> Vec<u8> {
@@ -130,15 +150,7 @@ fn a_clear_drops_queued_writes_of_its_scope_only() {
 fn a_directory_serves_one_daemon() {
     let dir = tempfile::tempdir().unwrap();
     let _first = open(dir.path(), COMPACT_MIN);
-    let second = Disk::open(&DiskOptions {
-        paths: vec![dir.path().to_owned()],
-        bytes: Some(4 << 20),
-        min_free: 0,
-        io: IoMode::Auto,
-        slot_bytes: None,
-        queue_bytes: 1 << 20,
-        compact_min_bytes: COMPACT_MIN,
-    });
+    let second = Disk::open(&options(dir.path()));
     let err = second.unwrap_err().to_string();
     assert!(err.contains("in use by another kvd"), "{err}");
 }
@@ -176,42 +188,21 @@ fn a_copy_from_the_store_never_replaces_a_write() {
     let disk = open(dir.path(), COMPACT_MIN);
     let epoch = disk.epoch();
     disk.write_through(&scope("m"), [1; 8], value(1, 2), Retention::Long, None);
-    disk.fill(
-        epoch,
-        &scope("m"),
-        [1; 8],
-        value(1, 1),
-        Retention::Long,
-        None,
-    );
+    fill(&disk, epoch, 1, 1);
     step(&disk);
     assert_eq!(
         fetched(&disk, "m", 1),
         version(1, 2),
         "the write, queued first"
     );
-    disk.fill(
-        epoch,
-        &scope("m"),
-        [1; 8],
-        value(1, 1),
-        Retention::Long,
-        None,
-    );
+    fill(&disk, epoch, 1, 1);
     step(&disk);
     assert_eq!(
         fetched(&disk, "m", 1),
         version(1, 2),
         "a held key is not filled"
     );
-    disk.fill(
-        epoch,
-        &scope("m"),
-        [2; 8],
-        value(2, 1),
-        Retention::Long,
-        None,
-    );
+    fill(&disk, epoch, 2, 1);
     step(&disk);
     assert_eq!(fetched(&disk, "m", 2), version(2, 1), "a missing key is");
 }
@@ -221,13 +212,8 @@ fn a_write_dropped_for_a_full_queue_takes_the_older_values_with_it() {
     let dir = tempfile::tempdir().unwrap();
     let disk = Arc::new(
         Disk::open(&DiskOptions {
-            paths: vec![dir.path().to_owned()],
-            bytes: Some(4 << 20),
-            min_free: 0,
-            io: IoMode::Auto,
-            slot_bytes: Some(8192),
             queue_bytes: 4096,
-            compact_min_bytes: COMPACT_MIN,
+            ..options(dir.path())
         })
         .unwrap(),
     );
