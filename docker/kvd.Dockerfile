@@ -1,7 +1,24 @@
 # syntax=docker/dockerfile:1
 # Infera kvd image (infera-kvd).
-# Build context is the repository root (BuildKit, the default builder since Docker 23):
-#   docker build -f docker/kvd.Dockerfile -t infera-kvd:dev .
+# Two ways to build it:
+# - from source (the last stage; the build context is the repository root; BuildKit,
+#   the default builder since Docker 23):
+#     docker build -f docker/kvd.Dockerfile -t infera-kvd:dev .
+# - from a binary built already (stage `prebuilt`; the build context is a folder
+#   holding infera-kvd alone), as scripts/images does with buildah:
+#     docker build -f docker/kvd.Dockerfile --target prebuilt -t infera-kvd:dev DIR
+
+# glibc and libgcc, no shell, no package manager.
+FROM gcr.io/distroless/cc-debian12:nonroot AS runtime
+LABEL org.opencontainers.image.source="https://github.com/infera/infera" \
+      org.opencontainers.image.title="infera-kvd" \
+      org.opencontainers.image.description="Infera kvd: the tiered KV-cache daemon (RAM, NVMe, a distributed store) beside the engines" \
+      org.opencontainers.image.licenses="Apache-2.0"
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/infera-kvd"]
+
+FROM runtime AS prebuilt
+COPY infera-kvd /usr/local/bin/infera-kvd
 
 FROM rust:1.95-bookworm AS builder
 # protoc: etcd-client's build script compiles the etcd protobufs.
@@ -18,12 +35,5 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     cargo build --release --locked -p infera-kvd --bin infera-kvd \
     && cp target/release/infera-kvd /usr/local/bin/infera-kvd
 
-# glibc and libgcc, no shell, no package manager.
-FROM gcr.io/distroless/cc-debian12:nonroot
-LABEL org.opencontainers.image.source="https://github.com/infera/infera" \
-      org.opencontainers.image.title="infera-kvd" \
-      org.opencontainers.image.description="Infera kvd: the tiered KV-cache daemon (RAM, NVMe, a distributed store) beside the engines" \
-      org.opencontainers.image.licenses="Apache-2.0"
+FROM runtime
 COPY --from=builder /usr/local/bin/infera-kvd /usr/local/bin/infera-kvd
-USER 65532:65532
-ENTRYPOINT ["/usr/local/bin/infera-kvd"]

@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# Builds the real control-plane binaries the test suite runs (kube-apiserver,
-# etcd, nats-server, helm) from Go modules into a cache folder keyed by version,
-# then prints one `NAME=PATH` line per binary. Idempotent: a binary already in
-# the cache is not rebuilt, so a second run takes well under a second.
+# Builds the real binaries the test suite runs from Go modules into a cache folder keyed
+# by version (or, for this repository's own Go programs, by a digest of their sources),
+# then prints one `NAME=PATH` line per binary. Idempotent: a binary already in the cache
+# is not rebuilt, so a second run takes well under a second.
+#
+# The control plane: kube-apiserver, etcd, nats-server, helm, kubectl. The one-node
+# cluster of scripts/cluster: kube-controller-manager, kube-scheduler, kubelet and
+# kube-proxy (the kube-apiserver's module and version), CoreDNS (testenv/coredns), the
+# sandbox's pause process (testenv/pause) and a device plugin for fake AMD GPUs and RDMA
+# NICs (testenv/device-plugin).
 #
 #   testenv/build.sh            build what is missing, print NAME=PATH lines
 #   testenv/build.sh --env      print `export INFERA_TESTENV_<NAME>=PATH` lines
@@ -14,6 +20,7 @@ KUBE_VERSION=v1.33.13   # within one minor of the machine's kubectl (1.32); k8s-
 ETCD_VERSION=v3.5.21    # the etcd server version k8s.io/kubernetes v1.33.13 pins in go.mod
 NATS_VERSION=v2.11.17
 HELM_VERSION=v3.18.6
+COREDNS_VERSION=v1.14.1  # testenv/coredns/go.mod pins it (client-go 0.34: one minor of skew)
 
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${INFERA_TESTENV_CACHE:-$HOME/.cache/infera-testenv}
@@ -48,6 +55,12 @@ build() {
 
 command -v go >/dev/null || { log "Go is required to build the test environment"; exit 1; }
 
+# A digest of a local module's sources: a changed program is rebuilt.
+src_key() {
+    (cd "$here/$1" && find . -name '*.go' -o -name go.mod -o -name go.sum | LC_ALL=C sort |
+        xargs cat) | sha256sum | cut -c1-12
+}
+
 kv=k8s.io/component-base/version
 minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
 apiserver=$(build kube-apiserver "$KUBE_VERSION" kube-apiserver \
@@ -58,8 +71,22 @@ nats=$(build nats-server "$NATS_VERSION" github.com/nats-io/nats-server/v2)
 helm=$(build helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm)
 kubectl=$(build kubectl "$KUBE_VERSION" kubectl \
     "-X $kv.gitVersion=$KUBE_VERSION -X $kv.gitMajor=1 -X $kv.gitMinor=$minor")
+# The node and its controllers, from the kube-apiserver's module (same dependency graph).
+node=()
+for name in kube-controller-manager kube-scheduler kubelet kube-proxy; do
+    node+=("$(build "$name" "$KUBE_VERSION" kube-apiserver \
+        "-X $kv.gitVersion=$KUBE_VERSION -X $kv.gitMajor=1 -X $kv.gitMinor=$minor" \
+        "k8s.io/kubernetes/cmd/$name")")
+done
+# Static: pause runs alone in a FROM-scratch image; CoreDNS, as the real releases are.
+coredns=$(CGO_ENABLED=0 build coredns "$COREDNS_VERSION-$(src_key coredns)" coredns)
+pause=$(CGO_ENABLED=0 build pause "3.10-$(src_key pause)" pause "-X main.version=3.10")
+device_plugin=$(build device-plugin "$(src_key device-plugin)" device-plugin)
 
-for pair in "KUBE_APISERVER=$apiserver" "ETCD=$etcd" "NATS_SERVER=$nats" "HELM=$helm" "KUBECTL=$kubectl"; do
+for pair in "KUBE_APISERVER=$apiserver" "ETCD=$etcd" "NATS_SERVER=$nats" "HELM=$helm" \
+    "KUBECTL=$kubectl" "KUBE_CONTROLLER_MANAGER=${node[0]}" "KUBE_SCHEDULER=${node[1]}" \
+    "KUBELET=${node[2]}" "KUBE_PROXY=${node[3]}" "COREDNS=$coredns" "PAUSE=$pause" \
+    "DEVICE_PLUGIN=$device_plugin"; do
     if [ "$mode" = "--env" ]; then
         echo "export INFERA_TESTENV_$pair"
     else

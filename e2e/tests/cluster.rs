@@ -1,0 +1,555 @@
+//! Infera on the real node (`scripts/cluster create`: kubelet, containerd, scheduler,
+//! controllers, kube-proxy, DNS, fake GPUs and RDMA NICs, images built here, the chart
+//! installed with `helm`): what a user's first `helm install` and `kubectl apply` do,
+//! observed, never simulated. No test here writes a workload's status; each test checks
+//! that nothing but the controllers did.
+//!
+//! Run by `scripts/test` in its cluster stage, one test at a time (they share one node
+//! with 2 CPUs).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use infera_e2e::gateway::Gateway;
+use infera_e2e::{Cluster, RELEASE_NAMESPACE, STATUS_WRITERS, eventually, repo};
+use serde_json::{Value, json};
+use std::os::unix::fs::FileTypeExt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Pods start in seconds here (images are local); the bound covers a loaded 2-CPU node.
+const ROLLOUT: Duration = Duration::from_secs(300);
+
+async fn json_of(cluster: &Cluster, args: &[&str]) -> Result<Value, String> {
+    let mut full: Vec<&str> = args.to_vec();
+    full.extend(["-o", "json"]);
+    let text = cluster.kubectl(&full).await.map_err(|e| e.to_string())?;
+    serde_json::from_str(&text).map_err(|e| e.to_string())
+}
+
+fn condition<'a>(object: &'a Value, kind: &str) -> Option<&'a Value> {
+    object["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+}
+
+/// Waits until the InferaDeployment's `Ready` condition is `True`.
+async fn wait_ready(cluster: &Cluster, namespace: &str, name: &str) -> Value {
+    eventually(
+        cluster,
+        namespace,
+        &format!("InferaDeployment {name} Ready"),
+        ROLLOUT,
+        || async {
+            let idep = json_of(cluster, &["get", "idep", name, "-n", namespace]).await?;
+            match condition(&idep, "Ready") {
+                Some(c) if c["status"] == "True" => Ok(idep),
+                Some(c) => Err(format!(
+                    "Ready={} {}: {}",
+                    c["status"], c["reason"], c["message"]
+                )),
+                None => Err("no Ready condition yet".into()),
+            }
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// The engine pods of a deployment.
+async fn engine_pods(cluster: &Cluster, namespace: &str, deployment: &str) -> Vec<Value> {
+    let list = json_of(
+        cluster,
+        &[
+            "get",
+            "pods",
+            "-n",
+            namespace,
+            "-l",
+            &format!("infera.amd.com/deployment={deployment},app.kubernetes.io/component=engine"),
+        ],
+    )
+    .await
+    .unwrap();
+    list["items"].as_array().cloned().unwrap_or_default()
+}
+
+/// Turns the deployment's gateway Service into a NodePort (through the custom resource,
+/// as a user would) and returns the gateway reached on 127.0.0.1, once it routes to
+/// `workers` workers.
+async fn gateway_on_node_port(
+    cluster: &Cluster,
+    namespace: &str,
+    deployment: &str,
+    workers: usize,
+) -> Gateway {
+    cluster
+        .kubectl(&[
+            "patch",
+            "idep",
+            deployment,
+            "-n",
+            namespace,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"gateway":{"service":{"type":"NodePort"}}}}"#,
+        ])
+        .await
+        .unwrap();
+    let service = format!("{deployment}-gateway");
+    let port = eventually(
+        cluster,
+        namespace,
+        "gateway Service NodePort",
+        ROLLOUT,
+        || async {
+            let svc = json_of(cluster, &["get", "service", &service, "-n", namespace]).await?;
+            svc["spec"]["ports"][0]["nodePort"]
+                .as_u64()
+                .filter(|_| svc["spec"]["type"] == "NodePort")
+                .ok_or_else(|| format!("type {}", svc["spec"]["type"]))
+        },
+    )
+    .await
+    .unwrap();
+    let gateway = Gateway::new(format!("http://127.0.0.1:{port}")).unwrap();
+    eventually(
+        cluster,
+        namespace,
+        "the gateway routing to every worker",
+        ROLLOUT,
+        || {
+            let gateway = gateway.clone();
+            async move {
+                let (status, text) = gateway
+                    .get("/v1/workers")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let body: Value =
+                    serde_json::from_str(&text).map_err(|_| format!("{status} {text}"))?;
+                let active = body["workers"]
+                    .as_array()
+                    .map(|w| w.iter().filter(|w| w["state"] == "active").count())
+                    .unwrap_or(0);
+                if active == workers {
+                    Ok(())
+                } else {
+                    Err(format!("{active} active workers: {text}"))
+                }
+            }
+        },
+    )
+    .await
+    .unwrap();
+    gateway
+}
+
+/// Fails when anything but the controllers wrote the status of a workload in `namespace`.
+async fn assert_status_written_by_controllers(cluster: &Cluster, namespace: &str) {
+    for resource in [
+        "statefulsets",
+        "deployments",
+        "pods",
+        "inferadeployments",
+        "persistentvolumeclaims",
+    ] {
+        for (object, manager) in cluster.status_writers(resource, namespace).await.unwrap() {
+            assert!(
+                STATUS_WRITERS.contains(&manager.as_str()),
+                "{resource}/{object} in {namespace}: status written by {manager:?}, \
+                 not by a controller"
+            );
+        }
+    }
+}
+
+fn started_at(statuses: &Value, name: &str) -> String {
+    statuses
+        .as_array()
+        .and_then(|s| s.iter().find(|c| c["name"] == name))
+        .map(|c| {
+            c["state"]["running"]["startedAt"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn the_chart_runs_the_operator_etcd_and_nats_as_pods() {
+    let cluster = Cluster::connect().await.unwrap();
+    let ns = RELEASE_NAMESPACE;
+    let deploy = json_of(
+        &cluster,
+        &["get", "deployment", "infera-operator", "-n", ns],
+    )
+    .await
+    .unwrap();
+    let replicas = deploy["spec"]["replicas"].as_i64().unwrap();
+    assert_eq!(
+        deploy["status"]["readyReplicas"].as_i64(),
+        Some(replicas),
+        "{deploy}"
+    );
+    let pods = json_of(
+        &cluster,
+        &[
+            "get",
+            "pods",
+            "-n",
+            ns,
+            "-l",
+            "app.kubernetes.io/name=infera-operator",
+        ],
+    )
+    .await
+    .unwrap();
+    let pods = pods["items"].as_array().unwrap();
+    let names: Vec<&str> = pods
+        .iter()
+        .map(|p| p["metadata"]["name"].as_str().unwrap())
+        .collect();
+    for pod in pods {
+        // In-cluster auth: a projected token of the chart's ServiceAccount, mounted by the
+        // ServiceAccount admission plugin.
+        assert_eq!(pod["spec"]["serviceAccountName"], "infera-operator");
+        let volumes = pod["spec"]["volumes"].as_array().unwrap();
+        assert!(
+            volumes.iter().any(|v| v["projected"]["sources"]
+                .as_array()
+                .is_some_and(|s| s.iter().any(|s| s.get("serviceAccountToken").is_some()))),
+            "no ServiceAccount token volume: {volumes:?}"
+        );
+        assert_eq!(pod["status"]["phase"], "Running");
+    }
+    // The leader took the Lease through the API, acting as that ServiceAccount.
+    let lease = eventually(
+        &cluster,
+        ns,
+        "an operator holding the Lease",
+        ROLLOUT,
+        || async {
+            let lease = json_of(&cluster, &["get", "lease", "infera-operator", "-n", ns]).await?;
+            let holder = lease["spec"]["holderIdentity"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned();
+            if names.iter().any(|n| holder.contains(n)) {
+                Ok(holder)
+            } else {
+                Err(format!("holder {holder:?}, pods {names:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    println!("operator leader: {lease}");
+    // etcd and NATS run from their (stand-in) images on volumes bound on this node.
+    for (sts, port, path) in [
+        ("infera-etcd", 2379, "/health"),
+        ("infera-nats", 8222, "/healthz"),
+    ] {
+        let set = json_of(&cluster, &["get", "statefulset", sts, "-n", ns])
+            .await
+            .unwrap();
+        assert_eq!(
+            set["status"]["readyReplicas"], 1,
+            "{sts}: {}",
+            set["status"]
+        );
+        let pod = json_of(&cluster, &["get", "pod", &format!("{sts}-0"), "-n", ns])
+            .await
+            .unwrap();
+        let ip = pod["status"]["podIP"].as_str().unwrap();
+        let body = reqwest::get(format!("http://{ip}:{port}{path}"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            body.contains("true") || body.contains("ok"),
+            "{sts} {path}: {body}"
+        );
+        let pvc = json_of(
+            &cluster,
+            &["get", "pvc", &format!("data-{sts}-0"), "-n", ns],
+        )
+        .await
+        .unwrap();
+        assert_eq!(pvc["status"]["phase"], "Bound", "{pvc}");
+        assert_eq!(pvc["spec"]["storageClassName"], "infera-local");
+    }
+    assert_status_written_by_controllers(&cluster, ns).await;
+}
+
+#[tokio::test]
+async fn the_mixed_sim_example_serves_through_its_gateway_service() {
+    let cluster = Cluster::connect().await.unwrap();
+    let ns = cluster.namespace("e2e-sim").await.unwrap();
+    let ns = ns.name.clone();
+    let example = repo().join("examples/sim/deployment.yaml");
+    cluster
+        .kubectl(&["apply", "-n", &ns, "-f", example.to_str().unwrap()])
+        .await
+        .unwrap();
+    let idep = wait_ready(&cluster, &ns, "sim-mixed").await;
+    assert_eq!(idep["status"]["readyReplicas"], 3, "{}", idep["status"]);
+
+    let pods = engine_pods(&cluster, &ns, "sim-mixed").await;
+    assert_eq!(pods.len(), 3);
+    for pod in &pods {
+        let name = pod["metadata"]["name"].as_str().unwrap();
+        let ip = pod["status"]["podIP"].as_str().unwrap();
+        // $(POD_IP) in the sidecar's arguments expanded by the kubelet: the record it
+        // wrote on its Pod names the Pod's address.
+        let record = pod["metadata"]["annotations"]
+            [infera_proto::discovery::WORKER_INFO_ANNOTATION]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: no worker record annotation"));
+        let record: Value = serde_json::from_str(record).unwrap();
+        assert_eq!(record["url"], format!("http://{ip}:8000"), "{name}");
+        assert_eq!(record["model_name"], "sim-llama-8b");
+        // The sidecar is a native sidecar: started before the engine, still running.
+        let sidecar = started_at(&pod["status"]["initContainerStatuses"], "sidecar");
+        let engine = started_at(&pod["status"]["containerStatuses"], "engine");
+        assert!(
+            !sidecar.is_empty() && sidecar <= engine,
+            "{name}: sidecar {sidecar}, engine {engine}"
+        );
+        for status in pod["status"]["containerStatuses"].as_array().unwrap() {
+            assert_eq!(status["ready"], true, "{name}: {status}");
+        }
+    }
+
+    let gateway = gateway_on_node_port(&cluster, &ns, "sim-mixed", 3).await;
+    let model = "sim-llama-8b";
+    let chat = gateway
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": model, "max_tokens": 8,
+                    "messages": [{"role": "user", "content": "Hello from the node"}]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(chat.status, 200, "{}", chat.body);
+    assert!(
+        chat.body["choices"][0]["message"]["content"].is_string(),
+        "{}",
+        chat.body
+    );
+    assert_eq!(chat.picked.len(), 1, "{:?}", chat.picked);
+
+    let completion = gateway
+        .post(
+            "/v1/completions",
+            &json!({"model": model, "max_tokens": 8, "prompt": "Once upon a time"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(completion.status, 200, "{}", completion.body);
+    assert!(
+        completion.body["choices"][0]["text"].is_string(),
+        "{}",
+        completion.body
+    );
+
+    let stream = gateway
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": model, "max_tokens": 8, "stream": true,
+                    "messages": [{"role": "user", "content": "Stream to me"}]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(stream.status, 200);
+    let events = stream.body.as_array().unwrap();
+    assert_eq!(events.last(), Some(&Value::from("[DONE]")), "{events:?}");
+    assert!(
+        events
+            .iter()
+            .any(|e| e["choices"][0]["delta"]["content"].is_string()),
+        "{events:?}"
+    );
+
+    // Requests sharing a long prefix land on the worker that holds it, known to the
+    // gateway from the engines' KV events (ZMQ from each engine pod to the gateway pod).
+    let applied = r#"infera_gateway_kv_events_total{outcome="applied"}"#;
+    let system = "You are the reference librarian of a very large technical archive. ".repeat(24);
+    let ask = |question: &str| {
+        json!({"model": model, "max_tokens": 4, "messages": [
+            {"role": "system", "content": system}, {"role": "user", "content": question}]})
+    };
+    let before = gateway.metric(applied).await.unwrap();
+    let first = gateway
+        .post("/v1/chat/completions", &ask("Where are the maps?"))
+        .await
+        .unwrap();
+    assert_eq!(first.status, 200, "{}", first.body);
+    let holder = first.picked.clone();
+    eventually(
+        &cluster,
+        &ns,
+        "KV events of the first request at the gateway",
+        ROLLOUT,
+        || {
+            let gateway = gateway.clone();
+            async move {
+                let now = gateway.metric(applied).await.map_err(|e| e.to_string())?;
+                if now > before {
+                    Ok(())
+                } else {
+                    Err(format!("applied events {now}"))
+                }
+            }
+        },
+    )
+    .await
+    .unwrap();
+    for question in [
+        "And the atlases?",
+        "Who keeps the index?",
+        "When do you close?",
+    ] {
+        let answer = gateway
+            .post("/v1/chat/completions", &ask(question))
+            .await
+            .unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        assert_eq!(
+            answer.picked, holder,
+            "{question}: another worker than the prefix's"
+        );
+        let cached = answer.body["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0);
+        assert!(
+            cached > 0,
+            "{question}: no cached prompt tokens: {}",
+            answer.body["usage"]
+        );
+    }
+
+    assert_status_written_by_controllers(&cluster, &ns).await;
+}
+
+/// The `/proc` folder of a container's process, found by its Pod name and program: the
+/// test runs on the node, so it sees the container's devices and environment as the
+/// container does (`root/`, `environ`).
+fn container_proc(pod: &str, program: &str) -> Option<PathBuf> {
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let needle = format!("POD_NAME={pod}");
+        if environ.split(|b| *b == 0).any(|v| v == needle.as_bytes())
+            && String::from_utf8_lossy(&cmdline).contains(program)
+        {
+            return Some(entry.path());
+        }
+    }
+    None
+}
+
+#[tokio::test]
+async fn a_sim_engine_gets_gpus_rdma_devices_and_a_kvd_beside_it() {
+    let cluster = Cluster::connect().await.unwrap();
+    let ns = cluster.namespace("e2e-devices").await.unwrap();
+    let ns = ns.name.clone();
+    let manifest = r#"
+apiVersion: infera.amd.com/v1alpha1
+kind: InferaDeployment
+metadata:
+  name: sim-devices
+spec:
+  replicas: 1
+  model:
+    name: sim-devices-model
+    source:
+      hostPath: {path: /models/none}
+  engine:
+    kind: sim
+    resources:
+      limits: {amd.com/gpu: "2"}
+  network:
+    rdma: {enabled: true, count: 1, gidIndex: 3}
+  gateway:
+    resources:
+      requests: {cpu: 50m, memory: 64Mi}
+  kvCache:
+    enabled: true
+    ram: 64Mi
+"#;
+    cluster
+        .kubectl_with_input(&["apply", "-n", &ns, "-f", "-"], Some(manifest))
+        .await
+        .unwrap();
+    wait_ready(&cluster, &ns, "sim-devices").await;
+    let pods = engine_pods(&cluster, &ns, "sim-devices").await;
+    let pod = pods[0]["metadata"]["name"].as_str().unwrap().to_owned();
+
+    // The kubelet's device manager allocated from the plugin: two GPUs (kfd, and a card
+    // and render node each) and one NIC (its uverbs node and rdma_cm), all device nodes.
+    let proc = container_proc(&pod, "infera-sim").expect("the engine's process on this host");
+    let root = proc.join("root");
+    let count = |dir: &str, prefix: &str| -> usize {
+        std::fs::read_dir(root.join(dir))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_char_device()))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    assert_eq!(count("dev", "kfd"), 1, "{pod}: /dev/kfd");
+    assert_eq!(count("dev/dri", "renderD"), 2, "{pod}: /dev/dri/renderD*");
+    assert_eq!(count("dev/dri", "card"), 2, "{pod}: /dev/dri/card*");
+    assert_eq!(
+        count("dev/infiniband", "uverbs"),
+        1,
+        "{pod}: /dev/infiniband/uverbs*"
+    );
+    assert_eq!(
+        count("dev/infiniband", "rdma_cm"),
+        1,
+        "{pod}: /dev/infiniband/rdma_cm"
+    );
+    let environ = std::fs::read(proc.join("environ")).unwrap();
+    let environ = String::from_utf8_lossy(&environ);
+    for var in [
+        "MC_GID_INDEX=3",
+        "NCCL_IB_GID_INDEX=3",
+        "MORI_IB_GID_INDEX=3",
+        "PCIDEVICE_RDMA_HCA=",
+    ] {
+        assert!(
+            environ
+                .split('\0')
+                .any(|v| v == var || (var.ends_with('=') && v.starts_with(var))),
+            "{pod}: {var} not in the engine's env"
+        );
+    }
+
+    // kvd answers over the socket on the volume it shares with the engine.
+    let stats = cluster
+        .kubectl(&[
+            "exec",
+            "-n",
+            &ns,
+            &pod,
+            "-c",
+            "kvd",
+            "--",
+            "infera-kvd",
+            "stats",
+            "--socket",
+            "/run/infera-kvd/kvd.sock",
+        ])
+        .await
+        .unwrap();
+    let stats: Value = serde_json::from_str(&stats).unwrap();
+    assert!(stats["entries"].is_u64(), "{stats}");
+
+    assert_status_written_by_controllers(&cluster, &ns).await;
+}
