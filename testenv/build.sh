@@ -7,8 +7,10 @@
 # The control plane: kube-apiserver, etcd, nats-server, helm, kubectl. The one-node
 # cluster of scripts/cluster: kube-controller-manager, kube-scheduler, kubelet and
 # kube-proxy (the kube-apiserver's module and version), CoreDNS (testenv/coredns), the
-# sandbox's pause process (testenv/pause) and a device plugin for fake AMD GPUs and RDMA
-# NICs (testenv/device-plugin).
+# sandbox's pause process (testenv/pause), a device plugin for fake AMD GPUs and RDMA
+# NICs (testenv/device-plugin), and a stand-in for the Hugging Face Hub's file API
+# (testenv/hf-hub) that the model download tests run in the cluster; the LeaderWorkerSet
+# controller's manager (testenv/lws, installed by testenv/lws.sh).
 #
 #   testenv/build.sh            build what is missing, print NAME=PATH lines
 #   testenv/build.sh --env      print `export INFERA_TESTENV_<NAME>=PATH` lines
@@ -20,6 +22,7 @@ KUBE_VERSION=v1.33.13   # within one minor of the machine's kubectl (1.32); k8s-
 ETCD_VERSION=v3.5.21    # the etcd server version k8s.io/kubernetes v1.33.13 pins in go.mod
 NATS_VERSION=v2.11.17
 HELM_VERSION=v3.18.6
+LWS_VERSION=v0.7.0      # sigs.k8s.io/lws (testenv/lws/go.mod; testenv/lws.sh installs it)
 COREDNS_VERSION=v1.14.1  # testenv/coredns/go.mod pins it (client-go 0.34: one minor of skew)
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -82,11 +85,14 @@ done
 coredns=$(CGO_ENABLED=0 build coredns "$COREDNS_VERSION-$(src_key coredns)" coredns)
 pause=$(CGO_ENABLED=0 build pause "3.10-$(src_key pause)" pause "-X main.version=3.10")
 device_plugin=$(build device-plugin "$(src_key device-plugin)" device-plugin)
+hf_hub=$(CGO_ENABLED=0 build hf-hub "$(src_key hf-hub)" hf-hub)
+lws=$(CGO_ENABLED=0 build lws "$LWS_VERSION" lws \
+    "-X sigs.k8s.io/lws/pkg/version.GitVersion=$LWS_VERSION" sigs.k8s.io/lws/cmd)
 
 for pair in "KUBE_APISERVER=$apiserver" "ETCD=$etcd" "NATS_SERVER=$nats" "HELM=$helm" \
     "KUBECTL=$kubectl" "KUBE_CONTROLLER_MANAGER=${node[0]}" "KUBE_SCHEDULER=${node[1]}" \
     "KUBELET=${node[2]}" "KUBE_PROXY=${node[3]}" "COREDNS=$coredns" "PAUSE=$pause" \
-    "DEVICE_PLUGIN=$device_plugin"; do
+    "DEVICE_PLUGIN=$device_plugin" "HF_HUB=$hf_hub" "LWS=$lws"; do
     if [ "$mode" = "--env" ]; then
         echo "export INFERA_TESTENV_$pair"
     else

@@ -55,6 +55,20 @@ impl Gateway {
         Ok((status, text))
     }
 
+    /// The ids of the workers `/v1/workers` lists as active (routed).
+    pub async fn active_workers(&self) -> Result<Vec<String>, E2eError> {
+        let (status, text) = self.get("/v1/workers").await?;
+        let body: Value = serde_json::from_str(&text)
+            .map_err(|_| E2eError::Http(format!("/v1/workers answered {status}: {text}")))?;
+        Ok(body["workers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|w| w["state"] == "active")
+            .filter_map(|w| w["worker_id"].as_str().map(str::to_owned))
+            .collect())
+    }
+
     /// Pick counts per `role/worker_id` from `/metrics`.
     pub async fn picks(&self) -> Result<BTreeMap<String, u64>, E2eError> {
         let (_, text) = self.get("/metrics").await?;
@@ -66,6 +80,23 @@ impl Gateway {
     pub async fn metric(&self, sample: &str) -> Result<f64, E2eError> {
         let (_, text) = self.get("/metrics").await?;
         Ok(sample_value(&text, sample))
+    }
+
+    /// `POST path` with `body`: status and body text, nothing else read.
+    pub async fn send(&self, path: &str, body: &Value) -> Result<(u16, String), E2eError> {
+        let resp = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| E2eError::Http(format!("POST {path}: {e}")))?;
+        let status = resp.status().as_u16();
+        let text = resp
+            .text()
+            .await
+            .map_err(|e| E2eError::Http(format!("reading {path}: {e}")))?;
+        Ok((status, text))
     }
 
     /// `POST path` with `body`, JSON or SSE (`"stream": true`), and which worker served it.

@@ -14,7 +14,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
+pub mod deploy;
 pub mod gateway;
+pub mod load;
 
 /// Environment variable holding the cluster's admin kubeconfig (`scripts/test` sets it
 /// from `scripts/cluster kubeconfig`).

@@ -9,158 +9,19 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use infera_e2e::gateway::Gateway;
-use infera_e2e::{Cluster, RELEASE_NAMESPACE, STATUS_WRITERS, eventually, repo};
+use infera_e2e::deploy::ROLLOUT;
+use infera_e2e::{Cluster, RELEASE_NAMESPACE, eventually, repo};
 use serde_json::{Value, json};
 use std::os::unix::fs::FileTypeExt;
 use std::path::PathBuf;
-use std::time::Duration;
-
-/// Pods start in seconds here (images are local); the bound covers a loaded 2-CPU node.
-const ROLLOUT: Duration = Duration::from_secs(300);
-
-async fn json_of(cluster: &Cluster, args: &[&str]) -> Result<Value, String> {
-    let mut full: Vec<&str> = args.to_vec();
-    full.extend(["-o", "json"]);
-    let text = cluster.kubectl(&full).await.map_err(|e| e.to_string())?;
-    serde_json::from_str(&text).map_err(|e| e.to_string())
-}
-
-fn condition<'a>(object: &'a Value, kind: &str) -> Option<&'a Value> {
-    object["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == kind)
-}
-
-/// Waits until the InferaDeployment's `Ready` condition is `True`.
-async fn wait_ready(cluster: &Cluster, namespace: &str, name: &str) -> Value {
-    eventually(
-        cluster,
-        namespace,
-        &format!("InferaDeployment {name} Ready"),
-        ROLLOUT,
-        || async {
-            let idep = json_of(cluster, &["get", "idep", name, "-n", namespace]).await?;
-            match condition(&idep, "Ready") {
-                Some(c) if c["status"] == "True" => Ok(idep),
-                Some(c) => Err(format!(
-                    "Ready={} {}: {}",
-                    c["status"], c["reason"], c["message"]
-                )),
-                None => Err("no Ready condition yet".into()),
-            }
-        },
-    )
-    .await
-    .unwrap()
-}
-
-/// The engine pods of a deployment.
-async fn engine_pods(cluster: &Cluster, namespace: &str, deployment: &str) -> Vec<Value> {
-    let list = json_of(
-        cluster,
-        &[
-            "get",
-            "pods",
-            "-n",
-            namespace,
-            "-l",
-            &format!("infera.amd.com/deployment={deployment},app.kubernetes.io/component=engine"),
-        ],
-    )
-    .await
-    .unwrap();
-    list["items"].as_array().cloned().unwrap_or_default()
-}
-
-/// Turns the deployment's gateway Service into a NodePort (through the custom resource,
-/// as a user would) and returns the gateway reached on 127.0.0.1, once it routes to
-/// `workers` workers.
-async fn gateway_on_node_port(
-    cluster: &Cluster,
-    namespace: &str,
-    deployment: &str,
-    workers: usize,
-) -> Gateway {
-    cluster
-        .kubectl(&[
-            "patch",
-            "idep",
-            deployment,
-            "-n",
-            namespace,
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"gateway":{"service":{"type":"NodePort"}}}}"#,
-        ])
-        .await
-        .unwrap();
-    let service = format!("{deployment}-gateway");
-    let port = eventually(
-        cluster,
-        namespace,
-        "gateway Service NodePort",
-        ROLLOUT,
-        || async {
-            let svc = json_of(cluster, &["get", "service", &service, "-n", namespace]).await?;
-            svc["spec"]["ports"][0]["nodePort"]
-                .as_u64()
-                .filter(|_| svc["spec"]["type"] == "NodePort")
-                .ok_or_else(|| format!("type {}", svc["spec"]["type"]))
-        },
-    )
-    .await
-    .unwrap();
-    let gateway = Gateway::new(format!("http://127.0.0.1:{port}")).unwrap();
-    eventually(
-        cluster,
-        namespace,
-        "the gateway routing to every worker",
-        ROLLOUT,
-        || {
-            let gateway = gateway.clone();
-            async move {
-                let (status, text) = gateway
-                    .get("/v1/workers")
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let body: Value =
-                    serde_json::from_str(&text).map_err(|_| format!("{status} {text}"))?;
-                let active = body["workers"]
-                    .as_array()
-                    .map(|w| w.iter().filter(|w| w["state"] == "active").count())
-                    .unwrap_or(0);
-                if active == workers {
-                    Ok(())
-                } else {
-                    Err(format!("{active} active workers: {text}"))
-                }
-            }
-        },
-    )
-    .await
-    .unwrap();
-    gateway
-}
 
 /// Fails when anything but the controllers wrote the status of a workload in `namespace`.
 async fn assert_status_written_by_controllers(cluster: &Cluster, namespace: &str) {
-    for resource in [
-        "statefulsets",
-        "deployments",
-        "pods",
-        "inferadeployments",
-        "persistentvolumeclaims",
-    ] {
-        for (object, manager) in cluster.status_writers(resource, namespace).await.unwrap() {
-            assert!(
-                STATUS_WRITERS.contains(&manager.as_str()),
-                "{resource}/{object} in {namespace}: status written by {manager:?}, \
-                 not by a controller"
-            );
-        }
-    }
+    let foreign = cluster.foreign_status_writers(namespace).await.unwrap();
+    assert!(
+        foreign.is_empty(),
+        "status written by non-controllers in {namespace}: {foreign:?}"
+    );
 }
 
 fn started_at(statuses: &Value, name: &str) -> String {
@@ -180,31 +41,27 @@ fn started_at(statuses: &Value, name: &str) -> String {
 async fn the_chart_runs_the_operator_etcd_and_nats_as_pods() {
     let cluster = Cluster::connect().await.unwrap();
     let ns = RELEASE_NAMESPACE;
-    let deploy = json_of(
-        &cluster,
-        &["get", "deployment", "infera-operator", "-n", ns],
-    )
-    .await
-    .unwrap();
+    let deploy = cluster
+        .get_json(&["get", "deployment", "infera-operator", "-n", ns])
+        .await
+        .unwrap();
     let replicas = deploy["spec"]["replicas"].as_i64().unwrap();
     assert_eq!(
         deploy["status"]["readyReplicas"].as_i64(),
         Some(replicas),
         "{deploy}"
     );
-    let pods = json_of(
-        &cluster,
-        &[
+    let pods = cluster
+        .get_json(&[
             "get",
             "pods",
             "-n",
             ns,
             "-l",
             "app.kubernetes.io/name=infera-operator",
-        ],
-    )
-    .await
-    .unwrap();
+        ])
+        .await
+        .unwrap();
     let pods = pods["items"].as_array().unwrap();
     let names: Vec<&str> = pods
         .iter()
@@ -230,7 +87,10 @@ async fn the_chart_runs_the_operator_etcd_and_nats_as_pods() {
         "an operator holding the Lease",
         ROLLOUT,
         || async {
-            let lease = json_of(&cluster, &["get", "lease", "infera-operator", "-n", ns]).await?;
+            let lease = cluster
+                .get_json(&["get", "lease", "infera-operator", "-n", ns])
+                .await
+                .map_err(|e| e.to_string())?;
             let holder = lease["spec"]["holderIdentity"]
                 .as_str()
                 .unwrap_or("")
@@ -250,7 +110,8 @@ async fn the_chart_runs_the_operator_etcd_and_nats_as_pods() {
         ("infera-etcd", 2379, "/health"),
         ("infera-nats", 8222, "/healthz"),
     ] {
-        let set = json_of(&cluster, &["get", "statefulset", sts, "-n", ns])
+        let set = cluster
+            .get_json(&["get", "statefulset", sts, "-n", ns])
             .await
             .unwrap();
         assert_eq!(
@@ -258,7 +119,8 @@ async fn the_chart_runs_the_operator_etcd_and_nats_as_pods() {
             "{sts}: {}",
             set["status"]
         );
-        let pod = json_of(&cluster, &["get", "pod", &format!("{sts}-0"), "-n", ns])
+        let pod = cluster
+            .get_json(&["get", "pod", &format!("{sts}-0"), "-n", ns])
             .await
             .unwrap();
         let ip = pod["status"]["podIP"].as_str().unwrap();
@@ -272,12 +134,10 @@ async fn the_chart_runs_the_operator_etcd_and_nats_as_pods() {
             body.contains("true") || body.contains("ok"),
             "{sts} {path}: {body}"
         );
-        let pvc = json_of(
-            &cluster,
-            &["get", "pvc", &format!("data-{sts}-0"), "-n", ns],
-        )
-        .await
-        .unwrap();
+        let pvc = cluster
+            .get_json(&["get", "pvc", &format!("data-{sts}-0"), "-n", ns])
+            .await
+            .unwrap();
         assert_eq!(pvc["status"]["phase"], "Bound", "{pvc}");
         assert_eq!(pvc["spec"]["storageClassName"], "infera-local");
     }
@@ -294,10 +154,10 @@ async fn the_mixed_sim_example_serves_through_its_gateway_service() {
         .kubectl(&["apply", "-n", &ns, "-f", example.to_str().unwrap()])
         .await
         .unwrap();
-    let idep = wait_ready(&cluster, &ns, "sim-mixed").await;
+    let idep = cluster.wait_ready(&ns, "sim-mixed").await.unwrap();
     assert_eq!(idep["status"]["readyReplicas"], 3, "{}", idep["status"]);
 
-    let pods = engine_pods(&cluster, &ns, "sim-mixed").await;
+    let pods = cluster.engine_pods(&ns, "sim-mixed").await.unwrap();
     assert_eq!(pods.len(), 3);
     for pod in &pods {
         let name = pod["metadata"]["name"].as_str().unwrap();
@@ -323,7 +183,10 @@ async fn the_mixed_sim_example_serves_through_its_gateway_service() {
         }
     }
 
-    let gateway = gateway_on_node_port(&cluster, &ns, "sim-mixed", 3).await;
+    let gateway = cluster
+        .gateway_on_node_port(&ns, "sim-mixed", 3)
+        .await
+        .unwrap();
     let model = "sim-llama-8b";
     let chat = gateway
         .post(
@@ -484,8 +347,8 @@ spec:
         .kubectl_with_input(&["apply", "-n", &ns, "-f", "-"], Some(manifest))
         .await
         .unwrap();
-    wait_ready(&cluster, &ns, "sim-devices").await;
-    let pods = engine_pods(&cluster, &ns, "sim-devices").await;
+    cluster.wait_ready(&ns, "sim-devices").await.unwrap();
+    let pods = cluster.engine_pods(&ns, "sim-devices").await.unwrap();
     let pod = pods[0]["metadata"]["name"].as_str().unwrap().to_owned();
 
     // The kubelet's device manager allocated from the plugin: two GPUs (kfd, and a card

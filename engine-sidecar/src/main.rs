@@ -107,7 +107,7 @@ async fn start_relays(
     };
     let js = connect_jetstream(url).await?;
     let counters = Arc::new(RelayCounters::default());
-    for rank in 0..record.dp_size.max(1) {
+    for rank in 0..record.dp_ranks() {
         let endpoint = format!("tcp://127.0.0.1:{}", u32::from(port) + rank);
         relays.spawn(relay_rank(
             endpoint,

@@ -808,7 +808,7 @@ async fn the_record_carries_the_tokenizers_digest_and_canary() {
     .unwrap();
     let expected: Vec<u32> =
         serde_json::from_value(fixtures["models"]["qwen3"]["canary"]["ids"].clone()).unwrap();
-    assert_eq!(kv.tokenizer_canary, Some(expected));
+    assert_eq!(kv.tokenizer_canary, expected);
     assert_eq!(kv.tokenizer_digest.as_deref().map(str::len), Some(16));
     assert_eq!(kv.engine_block_size, 16);
     sidecar.kill();

@@ -8,7 +8,7 @@ use crate::anthropic::{
 use crate::config::RouterMode;
 use crate::dispatch::{DispatchContext, dispatch};
 use crate::gateway::Gateway;
-use crate::kv_router::{RequestBlocks, block_size_of};
+use crate::kv_router::{RequestBlocks, block_size_of, has_multimodal_content};
 use crate::metrics::{KvGauges, Outcome};
 use crate::pd::connectors::{PdError, PdIds, PdPair, resolve_protocol};
 use crate::pd::dispatch::send_pair;
@@ -26,7 +26,7 @@ use axum::routing::{get, post};
 use futures::StreamExt;
 use infera_proto::error_class::{ApiError, ErrorClass};
 use infera_proto::retention::{Retention, overlap_weight_factor, parse_retention_hint};
-use infera_proto::worker::DisaggMode;
+use infera_proto::worker::{DisaggMode, WorkerRecord, WorkerStatus};
 use serde_json::{Map, Value, json};
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -59,7 +59,24 @@ pub fn build_router(gw: Shared) -> Router {
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
+        .layer(middleware::from_fn_with_state(
+            gw.clone(),
+            close_when_draining,
+        ))
         .with_state(gw)
+}
+
+/// While the gateway shuts down, every response asks the client to close its
+/// connection, so its next request opens a new one, which the Service sends to a
+/// replica that stays.
+async fn close_when_draining(State(gw): State<Shared>, request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    if gw.draining.load(std::sync::atomic::Ordering::Relaxed) {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
 }
 
 fn request_id(headers: &HeaderMap) -> String {
@@ -398,16 +415,23 @@ async fn forward_mixed(
         timeout: Duration::from_secs_f64(gw.cfg.request_timeout_s),
     };
     let blocks = hash_blocks(gw, input, body, candidates.iter());
-    let weight = gw
-        .kv
-        .as_ref()
-        .map_or(1.0, |kv| kv.weight * overlap_weight_factor(input.hint));
+    let multimodal = gw.kv.is_some() && has_multimodal_content(body);
+    let weight = gw.kv.as_ref().map_or(1.0, |kv| {
+        if multimodal {
+            0.0
+        } else {
+            kv.weight * overlap_weight_factor(input.hint)
+        }
+    });
     // The kv charge is taken at the pick, not when the answer's headers arrive (for a
     // non-streaming request that is the end), so concurrent requests see this load;
     // a failover's new pick releases the previous charge.
     let charge: std::sync::Mutex<Option<crate::kv_router::KvCharge>> = Default::default();
     let choose = |options: &[&Target]| match (&gw.kv, &blocks) {
         (Some(kv), Some(blocks)) => {
+            if multimodal {
+                gw.metrics.record_cache_locality_skipped("multimodal");
+            }
             let index = kv.choose(options, blocks, weight)?;
             let committed = kv.commit(options[index], blocks, "mixed");
             if let Ok(mut c) = charge.lock() {
@@ -463,14 +487,24 @@ async fn forward_pd(
 ) -> Result<Forwarded, ApiError> {
     let mut guard = RequestGuard::new(gw.metrics.clone(), "disagg", started);
     let blocks = hash_blocks(gw, input, body, prefill.iter().chain(decode));
-    let factor = overlap_weight_factor(input.hint);
+    let multimodal = gw.kv.is_some() && has_multimodal_content(body);
+    let factor = if multimodal {
+        0.0
+    } else {
+        overlap_weight_factor(input.hint)
+    };
     let pick = |pool: &[Target], weight: f64| -> Option<Target> {
         let now = Instant::now();
         let options = build_attempt_candidates(pool, &[], |t| {
             gw.breakers.is_available(&t.record.worker_id, now)
         });
         let index = match (&gw.kv, &blocks) {
-            (Some(kv), Some(blocks)) => kv.choose(&options, blocks, weight * factor),
+            (Some(kv), Some(blocks)) => {
+                if multimodal {
+                    gw.metrics.record_cache_locality_skipped("multimodal");
+                }
+                kv.choose(&options, blocks, weight * factor)
+            }
             _ => gw.policy.pick(&options),
         }?;
         Some(options[index].clone())
@@ -707,6 +741,40 @@ async fn models(State(gw): State<Shared>) -> Response {
     axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 
+/// One `/v1/workers` entry: the earlier server's fields under their earlier names
+/// (`status` active/draining/dead, `disagg_meta` as registered or `{}`, `dp_size` as
+/// registered), then this gateway's own (`state` with the breaker folded in, `breaker`,
+/// `inflight`).
+pub fn build_worker_entry(
+    w: &WorkerRecord,
+    status: WorkerStatus,
+    breaker: (&str, u64),
+    inflight: u64,
+) -> Value {
+    let (breaker_state, trips) = breaker;
+    let state = match status {
+        WorkerStatus::Active if breaker_state == "closed" => "active",
+        WorkerStatus::Active => "degraded",
+        other => other.as_str(),
+    };
+    json!({
+        "worker_id": w.worker_id,
+        "url": w.url,
+        "model_name": w.model_name,
+        "engine": w.engine,
+        "status": status.as_str(),
+        "disagg_mode": w.disagg_mode,
+        "disagg_meta": w.disagg_meta_view(),
+        "kv_events_endpoint": w.kv_events_endpoint,
+        "kv_block_size": w.kv_block_size,
+        "dp_rank": w.dp_rank,
+        "dp_size": w.dp_size,
+        "state": state,
+        "breaker": {"state": breaker_state, "trips": trips},
+        "inflight": inflight,
+    })
+}
+
 async fn workers(State(gw): State<Shared>) -> Response {
     let snap = gw.registry.snapshot();
     let now = Instant::now();
@@ -716,18 +784,12 @@ async fn workers(State(gw): State<Shared>) -> Response {
         .map(|w| {
             let breaker = gw.breakers.get(&w.worker_id);
             let state = breaker.as_ref().map_or("closed", |b| b.state(now).name());
-            json!({
-                "worker_id": w.worker_id,
-                "url": w.url,
-                "model_name": w.model_name,
-                "engine": w.engine,
-                "disagg_mode": w.disagg_mode,
-                "dp_size": w.dp_size,
-                "kv_block_size": w.kv_block_size,
-                "state": if snap.is_draining(&w.worker_id) { "draining" } else if state == "closed" { "active" } else { "degraded" },
-                "breaker": {"state": state, "trips": breaker.map_or(0, |b| b.trips())},
-                "inflight": gw.inflight.get(&w.worker_id),
-            })
+            build_worker_entry(
+                w,
+                snap.status(&w.worker_id).unwrap_or_default(),
+                (state, breaker.map_or(0, |b| b.trips())),
+                gw.inflight.get(&w.worker_id),
+            )
         })
         .collect();
     axum::Json(json!({"workers": list, "synced": gw.registry.is_synced()})).into_response()
@@ -758,11 +820,21 @@ async fn cache_view(
     }
 }
 
-async fn health() -> Response {
-    axum::Json(json!({"status": "ok"})).into_response()
+/// `/health`: the earlier server's answer, `active_workers` counting the workers that
+/// take requests over all models.
+async fn health(State(gw): State<Shared>) -> Response {
+    let active = gw.registry.snapshot().active_workers();
+    axum::Json(json!({"status": "ok", "active_workers": active})).into_response()
 }
 
 async fn ready(State(gw): State<Shared>) -> Response {
+    if gw.draining.load(std::sync::atomic::Ordering::Relaxed) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "shutting down"})),
+        )
+            .into_response();
+    }
     if gw.registry.is_synced() {
         let n = gw.registry.snapshot().workers.len();
         axum::Json(json!({"status": "ready", "workers": n})).into_response()
@@ -776,15 +848,19 @@ async fn ready(State(gw): State<Shared>) -> Response {
 }
 
 async fn metrics(State(gw): State<Shared>) -> Response {
+    let snap = gw.registry.snapshot();
     let kv = gw.kv.as_ref().map(|k| {
         let (active_blocks, indexed_blocks, bytes_per_block) = k.gauges();
         KvGauges {
             active_blocks,
             indexed_blocks,
             bytes_per_block,
+            // Every target of every listed worker, draining ones included, as the
+            // earlier server set them at scrape time.
+            view_sizes: k.view_sizes(snap.workers.values().map(|w| &**w)),
         }
     });
-    let text = gw.metrics.render(&gw.registry.snapshot(), &gw.breakers, kv);
+    let text = gw.metrics.render(&snap, &gw.breakers, kv);
     (
         [(
             header::CONTENT_TYPE,

@@ -1,6 +1,11 @@
 //! The gateway's command line: the earlier server's flag names, each with an `INFERA_*`
 //! environment variable (flag > environment > default). Flags of capabilities that are
 //! not built yet are accepted and refused at start with a message saying so.
+//!
+//! Where a default differs from the earlier `python -m infera.server`'s, the difference
+//! is logged once at start ([`compute_earlier_default_differences`]) and listed in the
+//! README's migration table, so an earlier command line never changes behaviour
+//! silently.
 
 use crate::breaker::BreakerConfig;
 use crate::policy::PolicyKind;
@@ -219,6 +224,143 @@ pub struct GatewayConfig {
     /// Seconds to let open requests finish on shutdown.
     #[arg(long, env = "INFERA_SHUTDOWN_GRACE_S", default_value_t = 30.0)]
     pub shutdown_grace_s: f64,
+
+    /// Seconds to keep serving after SIGTERM before the listener closes: meanwhile
+    /// `/ready` answers 503 and every response closes its connection, so a load balancer
+    /// (a Kubernetes Service) stops sending here and clients reconnect elsewhere before
+    /// anything is refused. The operator renders 5; 0 stops accepting at once.
+    #[arg(long, env = "INFERA_SHUTDOWN_DELAY_S", default_value_t = 0.0)]
+    pub shutdown_delay_s: f64,
+}
+
+/// A setting whose value here differs from what the earlier `python -m infera.server`
+/// would have used for the same command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EarlierDifference {
+    /// The flag (or environment variable) concerned.
+    pub setting: &'static str,
+    /// The value used here.
+    pub here: String,
+    /// What the earlier server used.
+    pub earlier: &'static str,
+}
+
+/// The settings left at a default that differs from the earlier server's, where the
+/// difference matters for `cfg` (the kv-event transport and the prefill/decode weights
+/// only under kv-aware routing), plus the earlier server's environment variables that
+/// are set but not read here. `defaulted(id)` says whether the flag with clap id `id`
+/// (the field name) was left at its default, neither given nor set in the environment;
+/// `env(name)` reads the environment.
+pub fn compute_earlier_default_differences(
+    cfg: &GatewayConfig,
+    defaulted: impl Fn(&str) -> bool,
+    env: impl Fn(&str) -> Option<String>,
+) -> Vec<EarlierDifference> {
+    let mut out = Vec::new();
+    let mut differs = |id: &str, applies: bool, setting, here: String, earlier| {
+        if applies && defaulted(id) {
+            out.push(EarlierDifference {
+                setting,
+                here,
+                earlier,
+            });
+        }
+    };
+    let kv = cfg.kv_aware();
+    differs(
+        "router_policy",
+        true,
+        "--router-policy",
+        "round-robin".into(),
+        "kv-aware",
+    );
+    differs(
+        "discovery_backend",
+        true,
+        "--discovery-backend",
+        "etcd".into(),
+        "kubernetes",
+    );
+    differs(
+        "kv_event_transport",
+        kv,
+        "--kv-event-transport",
+        "zmq".into(),
+        "nats",
+    );
+    differs(
+        "request_transport",
+        true,
+        "--request-transport",
+        "http (workers registering request_transport nats are reached over HTTP at their url)"
+            .into(),
+        "nats",
+    );
+    differs(
+        "kv_prefill_overlap_weight",
+        kv,
+        "--kv-prefill-overlap-weight",
+        cfg.kv_prefill_overlap_weight.to_string(),
+        "unset: the --kv-overlap-weight value",
+    );
+    differs(
+        "kv_decode_overlap_weight",
+        kv,
+        "--kv-decode-overlap-weight",
+        cfg.kv_decode_overlap_weight.to_string(),
+        "unset: the --kv-overlap-weight value",
+    );
+    differs(
+        "request_timeout_s",
+        true,
+        "--request-timeout-s",
+        format!("{} s to a worker's response headers", cfg.request_timeout_s),
+        "none over HTTP",
+    );
+    differs(
+        "stream_idle_timeout_s",
+        true,
+        "--stream-idle-timeout-s",
+        format!("{} s between streamed chunks", cfg.stream_idle_timeout_s),
+        "none over HTTP, 900 s over its NATS request plane",
+    );
+    differs(
+        "connect_timeout_s",
+        true,
+        "--connect-timeout-s",
+        format!("{} s", cfg.connect_timeout_s),
+        "60 s",
+    );
+    if let Some(v) = env("INFERA_ROUTER_DEFAULT_RETENTION")
+        && defaulted("default_retention")
+    {
+        out.push(EarlierDifference {
+            setting: "INFERA_ROUTER_DEFAULT_RETENTION",
+            here: format!(
+                "not read (set --default-retention or INFERA_DEFAULT_RETENTION); {} is used",
+                format!("{:?}", cfg.default_retention).to_lowercase()
+            ),
+            earlier: if v.trim().is_empty() {
+                "long"
+            } else {
+                "its value"
+            },
+        });
+    }
+    out
+}
+
+/// One log line listing `differences`.
+pub fn build_earlier_default_notice(differences: &[EarlierDifference]) -> String {
+    let items: Vec<String> = differences
+        .iter()
+        .map(|d| format!("{} {} (earlier: {})", d.setting, d.here, d.earlier))
+        .collect();
+    format!(
+        "defaults that differ from the earlier python -m infera.server (give the flag to choose; \
+         README \"Migrating from the earlier Infera\"): {}",
+        items.join("; ")
+    )
 }
 
 /// A setting that cannot work (yet), with what to do instead.
@@ -248,7 +390,10 @@ impl GatewayConfig {
             && self.nats_server.is_none()
         {
             return Err(ConfigError(
-                "--kv-event-transport nats needs --nats-server URL".into(),
+                "--kv-event-transport nats needs --nats-server URL (or INFERA_NATS_SERVER; \
+                 the earlier server's $NATS_SERVER and its nats://127.0.0.1:4222 default \
+                 are not read)"
+                    .into(),
             ));
         }
         if self.kv_overlap_weight.is_nan() || self.kv_overlap_weight < 0.0 {
@@ -310,6 +455,16 @@ impl GatewayConfig {
                 "--breaker-failure-threshold must be at least 1".into(),
             ));
         }
+        for (name, v) in [
+            ("--shutdown-grace-s", self.shutdown_grace_s),
+            ("--shutdown-delay-s", self.shutdown_delay_s),
+        ] {
+            if !(0.0..=86_400.0).contains(&v) {
+                return Err(ConfigError(format!(
+                    "{name} must be between 0 and 86400 seconds (got {v})"
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -333,6 +488,7 @@ impl GatewayConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::{CommandFactory, FromArgMatches};
 
     #[test]
     fn flags_override_env_which_overrides_defaults() {
@@ -409,5 +565,80 @@ mod tests {
                 .contains("--request-timeout-s")
         );
         assert!(GatewayConfig::defaults().validate().is_ok());
+    }
+
+    fn differences(args: &[&str], env: &[(&str, &str)]) -> Vec<&'static str> {
+        let matches = GatewayConfig::command().get_matches_from(args);
+        let cfg = GatewayConfig::from_arg_matches(&matches).unwrap();
+        let defaulted = |id: &str| {
+            matches!(
+                matches.value_source(id),
+                None | Some(clap::parser::ValueSource::DefaultValue)
+            )
+        };
+        let env = |name: &str| {
+            env.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+        };
+        compute_earlier_default_differences(&cfg, defaulted, env)
+            .into_iter()
+            .map(|d| d.setting)
+            .collect()
+    }
+
+    #[test]
+    fn defaults_that_differ_from_the_earlier_server_are_listed_when_they_matter() {
+        assert_eq!(
+            differences(&["g"], &[]),
+            [
+                "--router-policy",
+                "--discovery-backend",
+                "--request-transport",
+                "--request-timeout-s",
+                "--stream-idle-timeout-s",
+                "--connect-timeout-s"
+            ]
+        );
+        let kv = differences(&["g", "--router-policy", "kv-aware"], &[]);
+        assert_eq!(
+            kv,
+            [
+                "--discovery-backend",
+                "--kv-event-transport",
+                "--request-transport",
+                "--kv-prefill-overlap-weight",
+                "--kv-decode-overlap-weight",
+                "--request-timeout-s",
+                "--stream-idle-timeout-s",
+                "--connect-timeout-s"
+            ],
+            "a flag given is a choice made"
+        );
+        let chosen = differences(
+            &[
+                "g",
+                "--router-policy=kv-aware",
+                "--discovery-backend=etcd",
+                "--kv-event-transport=zmq",
+                "--request-transport=http",
+                "--kv-prefill-overlap-weight=1",
+                "--kv-decode-overlap-weight=1",
+                "--request-timeout-s=600",
+                "--stream-idle-timeout-s=600",
+                "--connect-timeout-s=3",
+            ],
+            &[("INFERA_ROUTER_DEFAULT_RETENTION", "none")],
+        );
+        assert_eq!(chosen, ["INFERA_ROUTER_DEFAULT_RETENTION"]);
+        let notice = build_earlier_default_notice(&[EarlierDifference {
+            setting: "--router-policy",
+            here: "round-robin".into(),
+            earlier: "kv-aware",
+        }]);
+        assert!(
+            notice.ends_with("--router-policy round-robin (earlier: kv-aware)"),
+            "{notice}"
+        );
     }
 }

@@ -10,6 +10,7 @@ use infera_prompt::PromptCodec;
 use infera_proto::retention::Retention;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -74,6 +75,9 @@ pub struct Gateway {
     pub inflight: Arc<Inflight>,
     /// kv-aware routing state (`--router-policy kv-aware`).
     pub kv: Option<Arc<KvRouter>>,
+    /// Shutting down: still serving, but not ready, and closing connections after each
+    /// response (see `--shutdown-delay-s`).
+    pub draining: AtomicBool,
 }
 
 /// Reads a keys file: one token per line, blank lines and `#` comments skipped.
@@ -161,6 +165,7 @@ impl Gateway {
             client,
             api_keys,
             inflight,
+            draining: AtomicBool::new(false),
         }))
     }
 }

@@ -16,7 +16,8 @@ use infera_proto::discovery::{WATCH_BACKOFF_MAX, WATCH_BACKOFF_MIN};
 use infera_proto::kv_events::decode_kv_event_batch;
 use infera_proto::kv_stream::{
     NATS_STREAM, NATS_STREAM_MAX_BYTES, NATS_STREAM_MAX_MESSAGES, NATS_SUBJECT_ALL,
-    REPLAY_END_SEQUENCE, encode_sequence, parse_kv_event_subject, parse_zmq_frames,
+    REPLAY_END_SEQUENCE, build_rank_endpoint, encode_sequence, parse_kv_event_subject,
+    parse_zmq_frames,
 };
 use infera_proto::worker::WorkerRecord;
 use serde_json::Value;
@@ -33,11 +34,15 @@ pub const REPLAY_ENDPOINT_FIELD: &str = "kv_events_replay_endpoint";
 
 /// One subscription.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct SubSpec {
-    target: String,
-    endpoint: String,
-    replay: Option<String>,
-    block_size: u32,
+pub(crate) struct SubSpec {
+    /// Route key of the target the events feed.
+    pub(crate) target: String,
+    /// The rank's PUB endpoint.
+    pub(crate) endpoint: String,
+    /// The rank's replay endpoint, if the worker has one.
+    pub(crate) replay: Option<String>,
+    /// The worker's block size.
+    pub(crate) block_size: u32,
 }
 
 /// Logs each (target, reason) once.
@@ -66,16 +71,9 @@ fn resolve_endpoint(endpoint: &str, record: &WorkerRecord) -> String {
         .replace("://0.0.0.0:", &format!("://{host}:"))
 }
 
-fn offset_port(endpoint: &str, offset: u32) -> Option<String> {
-    let (base, port) = endpoint.rsplit_once(':')?;
-    let port: u32 = port.parse().ok()?;
-    Some(format!("{base}:{}", port + offset))
-}
-
 /// The subscriptions a worker needs.
-fn specs_for(record: &WorkerRecord) -> Vec<SubSpec> {
-    let (Some(endpoint), Some(block_size)) =
-        (record.kv_events_endpoint.as_deref(), block_size_of(record))
+pub(crate) fn specs_for(record: &WorkerRecord) -> Vec<SubSpec> {
+    let (Some(endpoint), Some(block_size)) = (record.events_endpoint(), block_size_of(record))
     else {
         return Vec::new();
     };
@@ -92,9 +90,9 @@ fn specs_for(record: &WorkerRecord) -> Vec<SubSpec> {
             let offset = t.dp_rank.unwrap_or(0);
             Some(SubSpec {
                 target: t.key,
-                endpoint: offset_port(&endpoint, offset)?,
+                endpoint: build_rank_endpoint(&endpoint, offset)?,
                 replay: match &replay {
-                    Some(r) => Some(offset_port(r, offset)?),
+                    Some(r) => Some(build_rank_endpoint(r, offset)?),
                     None => None,
                 },
                 block_size,
@@ -386,7 +384,7 @@ async fn consume_nats(
         let Some(block_size) = block_size_of(record) else {
             continue;
         };
-        let target = if record.dp_size > 1 && record.dp_rank.is_none() {
+        let target = if record.is_rank_multiplexed() {
             format!("{worker_id}#dp{rank}")
         } else {
             worker_id.clone()

@@ -71,6 +71,56 @@ pub struct KvRouter {
     metrics: Arc<Metrics>,
 }
 
+/// Content block types that make a request multimodal (the earlier router's list).
+const MULTIMODAL_BLOCK_TYPES: [&str; 7] = [
+    "image",
+    "image_url",
+    "input_audio",
+    "document",
+    "file",
+    "video",
+    "audio",
+];
+
+/// Whether a request carries non-text content: a `messages[].content[]` or `system[]`
+/// block of an image, audio, video, document or file type, or a non-empty top-level
+/// `images` list or `audio`. The router hashes text only, and an image placeholder is the
+/// same token whatever the image, so such a request is routed on load alone (weight 0,
+/// counted in `infera_cache_locality_skipped_total{reason="multimodal"}`), as the earlier
+/// router did.
+pub fn has_multimodal_content(body: &Map<String, Value>) -> bool {
+    let is_mm_block = |block: &Value| {
+        block
+            .get("type")
+            .and_then(Value::as_str)
+            .is_some_and(|t| MULTIMODAL_BLOCK_TYPES.contains(&t))
+    };
+    let in_messages = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .is_some_and(|messages| {
+            messages
+                .iter()
+                .filter_map(|m| m.get("content")?.as_array())
+                .flatten()
+                .any(is_mm_block)
+        });
+    let images = body
+        .get("images")
+        .and_then(Value::as_array)
+        .is_some_and(|a| !a.is_empty());
+    let audio = match body.get("audio") {
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+        _ => false,
+    };
+    let in_system = body
+        .get("system")
+        .and_then(Value::as_array)
+        .is_some_and(|entries| entries.iter().any(is_mm_block));
+    in_messages || images || audio || in_system
+}
+
 /// The block size a target is hashed at.
 pub fn block_size_of(record: &WorkerRecord) -> Option<u32> {
     record.kv_block_size.filter(|bs| *bs > 0)
@@ -78,11 +128,7 @@ pub fn block_size_of(record: &WorkerRecord) -> Option<u32> {
 
 /// Whether a worker's view comes from the router's own picks (it publishes no events).
 pub fn is_approximate(record: &WorkerRecord, approximate_all: bool) -> bool {
-    approximate_all
-        || record
-            .kv_events_endpoint
-            .as_deref()
-            .is_none_or(str::is_empty)
+    approximate_all || record.events_endpoint().is_none()
 }
 
 impl KvRouter {
@@ -216,6 +262,7 @@ impl KvRouter {
         }
         drop(state);
         self.metrics.record_cache_hits(role, hits);
+        self.metrics.observe_pick_request_blocks(role, hashes.len());
         tracing::debug!(
             target: "infera_gateway::pick",
             policy = "kv-aware",
@@ -271,6 +318,24 @@ impl KvRouter {
             .unwrap_or_default()
     }
 
+    /// Blocks in the router's view of each target of `records` (route key, blocks), for
+    /// `infera_policy_cache_view_size`.
+    pub fn view_sizes<'r>(
+        &self,
+        records: impl Iterator<Item = &'r WorkerRecord>,
+    ) -> Vec<(String, usize)> {
+        let Ok(state) = self.state.lock() else {
+            return Vec::new();
+        };
+        records
+            .flat_map(WorkerRecord::route_targets)
+            .map(|t| {
+                let blocks = state.index.view(&t.key).map_or(0, |v| v.len());
+                (t.key, blocks)
+            })
+            .collect()
+    }
+
     /// `/v1/admin/cache-view/<worker_id>`: blocks held per target of the worker.
     pub fn cache_view(&self, record: &WorkerRecord) -> Value {
         let Ok(state) = self.state.lock() else {
@@ -294,5 +359,39 @@ impl KvRouter {
             "source": if is_approximate(record, self.approximate_all) { "router picks (approximate)" } else { "kv events" },
             "targets": targets,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn detects_multimodal_requests_as_the_earlier_router_did() {
+        let text = body(json!({"messages": [{"role": "user", "content": "hi"}]}));
+        assert!(!has_multimodal_content(&text));
+        let parts = body(
+            json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}),
+        );
+        assert!(!has_multimodal_content(&parts));
+        for kind in MULTIMODAL_BLOCK_TYPES {
+            let mm = body(
+                json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "what is this"}, {"type": kind}]}]}),
+            );
+            assert!(has_multimodal_content(&mm), "{kind}");
+        }
+        assert!(has_multimodal_content(&body(json!({"images": ["x"]}))));
+        assert!(!has_multimodal_content(&body(json!({"images": []}))));
+        assert!(has_multimodal_content(&body(
+            json!({"audio": {"data": "x"}})
+        )));
+        assert!(has_multimodal_content(&body(
+            json!({"system": [{"type": "image"}]})
+        )));
+        assert!(!has_multimodal_content(&body(json!({"system": "text"}))));
     }
 }

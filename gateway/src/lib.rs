@@ -28,3 +28,6 @@ pub mod relay;
 pub mod router;
 pub mod server;
 pub mod validate;
+
+#[cfg(test)]
+mod legacy_records_tests;

@@ -1,8 +1,11 @@
 //! The `infera-gateway` command.
 
 use anyhow::{Context, Result};
-use clap::Parser;
-use infera_gateway::config::GatewayConfig;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches};
+use infera_gateway::config::{
+    GatewayConfig, build_earlier_default_notice, compute_earlier_default_differences,
+};
 use infera_gateway::gateway::Gateway;
 use infera_gateway::registry::Registry;
 use infera_gateway::server::start_gateway;
@@ -22,7 +25,21 @@ async fn run() -> Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    let cfg = GatewayConfig::parse();
+    let matches = GatewayConfig::command().get_matches();
+    let cfg = GatewayConfig::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let differences = compute_earlier_default_differences(
+        &cfg,
+        |id| {
+            matches!(
+                matches.value_source(id),
+                None | Some(ValueSource::DefaultValue)
+            )
+        },
+        |name| std::env::var(name).ok(),
+    );
+    if !differences.is_empty() {
+        tracing::warn!("{}", build_earlier_default_notice(&differences));
+    }
     let addr = format!("{}:{}", cfg.host, cfg.port);
     let gateway = Gateway::new(cfg, Registry::new())?;
     let listener = tokio::net::TcpListener::bind(&addr)

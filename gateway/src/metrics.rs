@@ -2,6 +2,8 @@
 //! system's dashboards use (`infera_router_picks_total`, `infera_request_duration_seconds`,
 //! ...: written verbatim, no suffixes added), plus TTFT and inter-token latency
 //! histograms. Labels are bounded: roles, outcomes, worker ids (removed with the worker).
+//! Bucket bounds are written as the earlier exporter (`prometheus_client`) wrote them:
+//! `le="1.0"`, `le="0.005"`, `le="+Inf"`.
 
 use crate::breaker::Breakers;
 use crate::registry::Snapshot;
@@ -15,16 +17,47 @@ const LATENCY_BUCKETS: [f64; 16] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
-#[derive(Debug, Clone, Default)]
+/// Buckets of `infera_router_pick_request_blocks`, the earlier server's (`+Inf` implied).
+const REQUEST_BLOCK_BUCKETS: [f64; 13] = [
+    0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0,
+];
+
+#[derive(Debug, Clone)]
 struct Histogram {
-    counts: [u64; LATENCY_BUCKETS.len()],
+    bounds: &'static [f64],
+    counts: Vec<u64>,
     sum: f64,
     count: u64,
 }
 
+impl Default for Histogram {
+    /// A latency histogram.
+    fn default() -> Self {
+        Self::with_bounds(&LATENCY_BUCKETS)
+    }
+}
+
+/// A bucket bound as Python's `prometheus_client` writes it (`1.0`, not `1`).
+fn format_bound(bound: f64) -> String {
+    if bound.fract() == 0.0 && bound.is_finite() {
+        format!("{bound:.1}")
+    } else {
+        bound.to_string()
+    }
+}
+
 impl Histogram {
+    fn with_bounds(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            counts: vec![0; bounds.len()],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
     fn observe(&mut self, v: f64) {
-        if let Some(i) = LATENCY_BUCKETS.iter().position(|b| v <= *b) {
+        if let Some(i) = self.bounds.iter().position(|b| v <= *b) {
             self.counts[i] += 1;
         }
         self.sum += v;
@@ -34,11 +67,12 @@ impl Histogram {
     fn render(&self, out: &mut String, name: &str, labels: &str) {
         let sep = if labels.is_empty() { "" } else { "," };
         let mut cumulative = 0;
-        for (bound, n) in LATENCY_BUCKETS.iter().zip(self.counts) {
+        for (bound, n) in self.bounds.iter().zip(&self.counts) {
             cumulative += n;
             let _ = writeln!(
                 out,
-                "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}"
+                "{name}_bucket{{{labels}{sep}le=\"{}\"}} {cumulative}",
+                format_bound(*bound)
             );
         }
         let _ = writeln!(
@@ -93,6 +127,8 @@ struct Inner {
     discovery_events: BTreeMap<&'static str, u64>,
     rejected_records: BTreeMap<&'static str, u64>,
     cache_hits: BTreeMap<String, u64>,
+    pick_request_blocks: BTreeMap<String, Histogram>,
+    locality_skipped: BTreeMap<&'static str, u64>,
     unhashed: BTreeMap<&'static str, u64>,
     kv_events: BTreeMap<&'static str, u64>,
     pd_legs: BTreeMap<&'static str, Histogram>,
@@ -102,7 +138,7 @@ struct Inner {
 }
 
 /// kv-aware gauges read at render time.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct KvGauges {
     /// Distinct in-flight blocks.
     pub active_blocks: usize,
@@ -110,6 +146,8 @@ pub struct KvGauges {
     pub indexed_blocks: usize,
     /// Heap bytes per indexed block.
     pub bytes_per_block: f64,
+    /// Blocks in the router's view of each target (route key), draining ones included.
+    pub view_sizes: Vec<(String, usize)>,
 }
 
 /// The gateway's metrics.
@@ -190,6 +228,21 @@ impl Metrics {
     /// Leading cache hits of a kv-aware pick.
     pub fn record_cache_hits(&self, role: &str, hits: usize) {
         self.with(|m| *m.cache_hits.entry(role.to_owned()).or_default() += hits as u64);
+    }
+
+    /// A kv-aware pick for `role`: the request's blocks at the picked worker's block size.
+    pub fn observe_pick_request_blocks(&self, role: &str, blocks: usize) {
+        self.with(|m| {
+            m.pick_request_blocks
+                .entry(role.to_owned())
+                .or_insert_with(|| Histogram::with_bounds(&REQUEST_BLOCK_BUCKETS))
+                .observe(blocks as f64)
+        });
+    }
+
+    /// A kv-aware pick that ignored cache locality, by reason (`multimodal`).
+    pub fn record_cache_locality_skipped(&self, reason: &'static str) {
+        self.with(|m| *m.locality_skipped.entry(reason).or_default() += 1);
     }
 
     /// A request routed on load only because it produced no block hashes.
@@ -330,7 +383,44 @@ impl Metrics {
         for (role, n) in &m.cache_hits {
             let _ = writeln!(out, "infera_router_pick_cache_hits{{role=\"{role}\"}} {n}");
         }
+        header(
+            &mut out,
+            "infera_router_pick_request_blocks",
+            "histogram",
+            "Total request block count seen at pick time.",
+        );
+        for (role, h) in &m.pick_request_blocks {
+            h.render(
+                &mut out,
+                "infera_router_pick_request_blocks",
+                &format!("role=\"{role}\""),
+            );
+        }
+        header(
+            &mut out,
+            "infera_cache_locality_skipped_total",
+            "counter",
+            "kv-aware picks that ignored cache locality (weight 0), by reason.",
+        );
+        for (reason, n) in &m.locality_skipped {
+            let _ = writeln!(
+                out,
+                "infera_cache_locality_skipped_total{{reason=\"{reason}\"}} {n}"
+            );
+        }
         if let Some(kv) = kv {
+            header(
+                &mut out,
+                "infera_policy_cache_view_size",
+                "gauge",
+                "Per-worker count of cached blocks in the router's view (route key per data-parallel rank).",
+            );
+            for (target, blocks) in &kv.view_sizes {
+                let _ = writeln!(
+                    out,
+                    "infera_policy_cache_view_size{{worker_id=\"{target}\"}} {blocks}"
+                );
+            }
             header(
                 &mut out,
                 "infera_policy_active_blocks",
@@ -509,6 +599,58 @@ mod tests {
         assert!(
             !m.render(&Snapshot::default(), &Breakers::default(), None)
                 .contains("a:1")
+        );
+    }
+
+    #[test]
+    fn the_earlier_servers_pick_blocks_view_size_and_locality_series() {
+        let m = Metrics::default();
+        m.observe_pick_request_blocks("mixed", 0);
+        m.observe_pick_request_blocks("mixed", 3);
+        m.observe_pick_request_blocks("prefill", 5000);
+        m.record_cache_locality_skipped("multimodal");
+        m.record_cache_locality_skipped("multimodal");
+        let kv = KvGauges {
+            view_sizes: vec![("h:1#dp0".into(), 4), ("h:1#dp1".into(), 0)],
+            ..KvGauges::default()
+        };
+        let text = m.render(&Snapshot::default(), &Breakers::default(), Some(kv));
+        for line in [
+            "# TYPE infera_router_pick_request_blocks histogram",
+            "infera_router_pick_request_blocks_bucket{role=\"mixed\",le=\"0.0\"} 1",
+            "infera_router_pick_request_blocks_bucket{role=\"mixed\",le=\"2.0\"} 1",
+            "infera_router_pick_request_blocks_bucket{role=\"mixed\",le=\"4.0\"} 2",
+            "infera_router_pick_request_blocks_bucket{role=\"mixed\",le=\"+Inf\"} 2",
+            "infera_router_pick_request_blocks_count{role=\"mixed\"} 2",
+            "infera_router_pick_request_blocks_bucket{role=\"prefill\",le=\"2048.0\"} 0",
+            "infera_router_pick_request_blocks_bucket{role=\"prefill\",le=\"+Inf\"} 1",
+            "# TYPE infera_cache_locality_skipped_total counter",
+            "infera_cache_locality_skipped_total{reason=\"multimodal\"} 2",
+            "# TYPE infera_policy_cache_view_size gauge",
+            "infera_policy_cache_view_size{worker_id=\"h:1#dp0\"} 4",
+            "infera_policy_cache_view_size{worker_id=\"h:1#dp1\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line}\n{text}");
+        }
+        let bounds: Vec<&str> = text
+            .lines()
+            .filter_map(|l| {
+                l.strip_prefix("infera_router_pick_request_blocks_bucket{role=\"mixed\",le=\"")
+            })
+            .filter_map(|l| l.split('"').next())
+            .collect();
+        assert_eq!(
+            bounds,
+            [
+                "0.0", "1.0", "2.0", "4.0", "8.0", "16.0", "32.0", "64.0", "128.0", "256.0",
+                "512.0", "1024.0", "2048.0", "+Inf"
+            ],
+            "the earlier server's buckets"
+        );
+        let round_robin = m.render(&Snapshot::default(), &Breakers::default(), None);
+        assert!(
+            !round_robin.contains("infera_policy_cache_view_size"),
+            "kv-aware only"
         );
     }
 }

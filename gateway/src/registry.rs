@@ -8,10 +8,16 @@
 //! A worker can be *draining*: listed (in [`Snapshot::workers`], so `/v1/workers` shows
 //! it and its breaker, in-flight count and KV index stay) but not routed (absent from
 //! [`Snapshot::models`]). Kubernetes discovery drains the worker of a Pod being deleted
-//! until the Pod is gone, so no new request reaches an engine that is shutting down.
+//! until the Pod is gone, so no new request reaches an engine that is shutting down. A
+//! record that itself says `"status": "draining"` or `"dead"` (the earlier reader honoured
+//! it; launchers do not write it) is listed the same way, under its own status.
+//!
+//! A model's tokenizer canary reference is set by its first worker that carries one and
+//! forgotten when the model's last worker leaves, as the earlier registry did, so a fleet
+//! replaced by workers with a new tokenizer is accepted once the old one is gone.
 
 use arc_swap::ArcSwap;
-use infera_proto::worker::{DisaggMode, RequestTransport, RouteTarget, WorkerRecord};
+use infera_proto::worker::{DisaggMode, RequestTransport, RouteTarget, WorkerRecord, WorkerStatus};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
@@ -43,7 +49,8 @@ pub struct Pools {
 pub struct Snapshot {
     /// Workers by id, draining ones included.
     pub workers: BTreeMap<String, Arc<WorkerRecord>>,
-    /// Ids of listed workers that take no new requests (each is in `workers`).
+    /// Ids of listed workers drained by discovery (a Pod being deleted); each is in
+    /// `workers`. Records stating a status of their own are not in this set.
     pub draining: BTreeSet<String>,
     /// Routing targets per model (draining workers are left out).
     pub models: BTreeMap<String, Pools>,
@@ -54,7 +61,7 @@ impl Snapshot {
         let mut models: BTreeMap<String, Pools> = BTreeMap::new();
         for record in workers
             .values()
-            .filter(|r| !draining.contains(&r.worker_id))
+            .filter(|r| !draining.contains(&r.worker_id) && r.status() == WorkerStatus::Active)
         {
             let pools = models.entry(record.model_name.clone()).or_default();
             let pool = match record.disagg_mode {
@@ -80,16 +87,37 @@ impl Snapshot {
         }
     }
 
-    /// Whether `worker_id` is listed but takes no new requests.
-    pub fn is_draining(&self, worker_id: &str) -> bool {
-        self.draining.contains(worker_id)
+    /// The status of a listed worker (the earlier `/v1/workers` `status`): draining
+    /// while discovery drains it, else what its record states (active by default).
+    pub fn status(&self, worker_id: &str) -> Option<WorkerStatus> {
+        let record = self.workers.get(worker_id)?;
+        Some(if self.draining.contains(worker_id) {
+            WorkerStatus::Draining
+        } else {
+            record.status()
+        })
     }
 
-    /// The record of `worker_id` when it may take new requests (listed, not draining).
+    /// Whether `worker_id` is listed but takes no new requests (draining or dead).
+    pub fn is_draining(&self, worker_id: &str) -> bool {
+        self.status(worker_id)
+            .is_some_and(|s| s != WorkerStatus::Active)
+    }
+
+    /// The record of `worker_id` when it may take new requests (listed, active).
     pub fn routable(&self, worker_id: &str) -> Option<&Arc<WorkerRecord>> {
         self.workers
             .get(worker_id)
             .filter(|_| !self.is_draining(worker_id))
+    }
+
+    /// Workers that take new requests, over all models (the earlier `/health`
+    /// `active_workers`).
+    pub fn active_workers(&self) -> usize {
+        self.workers
+            .keys()
+            .filter(|id| !self.is_draining(id))
+            .count()
     }
 
     /// Names of the models served.
@@ -202,6 +230,9 @@ impl Registry {
             removed = f(&mut workers, &mut draining);
             // A worker that left is no longer draining (it may come back fresh).
             draining.retain(|id| workers.contains_key(id));
+            if let Ok(mut canaries) = self.canaries.lock() {
+                canaries.retain(|model, _| workers.values().any(|w| &w.model_name == model));
+            }
             self.snapshot
                 .store(Arc::new(Snapshot::build(workers, draining)));
             self.version.send_modify(|v| *v += 1);
@@ -221,11 +252,7 @@ impl Registry {
     }
 
     fn check_canary(&self, record: &WorkerRecord) -> bool {
-        let Some(canary) = record
-            .kv
-            .as_ref()
-            .and_then(|kv| kv.tokenizer_canary.as_ref())
-        else {
+        let Some(canary) = record.kv.as_ref().map(|kv| &kv.tokenizer_canary) else {
             return true;
         };
         let Ok(mut canaries) = self.canaries.lock() else {
@@ -368,7 +395,7 @@ mod tests {
         )
         .unwrap();
         r.disagg_mode = mode;
-        r.dp_size = dp_size;
+        r.dp_size = Some(dp_size);
         r
     }
 
@@ -409,7 +436,7 @@ mod tests {
         let mut odd = mk_record("c:1", "m", DisaggMode::Mixed, 1);
         let kv = |canary: Vec<u32>| {
             serde_json::from_value(
-                serde_json::json!({"engine_block_size": 16, "tokenizer_canary": canary}),
+                serde_json::json!({"engine_block_size": 16, "index_block_size": 64, "tokenizer": null, "tokenizer_digest": null, "tokenizer_canary": canary}),
             )
             .unwrap()
         };
@@ -504,5 +531,48 @@ mod tests {
         );
         assert!(reg.replace_all(Vec::new()) == vec!["a:1".to_owned()]);
         assert!(reg.snapshot().draining.is_empty());
+    }
+
+    #[test]
+    fn a_record_stating_draining_or_dead_is_listed_not_routed() {
+        let reg = Registry::new();
+        let mut draining = mk_record("a:1", "m", DisaggMode::Mixed, 1);
+        draining.status = Some(WorkerStatus::Draining);
+        let mut dead = mk_record("b:1", "m", DisaggMode::Mixed, 1);
+        dead.status = Some(WorkerStatus::Dead);
+        reg.upsert(draining);
+        reg.upsert(dead);
+        reg.upsert(mk_record("c:1", "m", DisaggMode::Mixed, 1));
+        let snap = reg.snapshot();
+        assert_eq!(snap.workers.len(), 3);
+        assert_eq!(snap.status("a:1"), Some(WorkerStatus::Draining));
+        assert_eq!(snap.status("b:1"), Some(WorkerStatus::Dead));
+        assert_eq!(snap.status("c:1"), Some(WorkerStatus::Active));
+        assert!(snap.routable("a:1").is_none() && snap.routable("b:1").is_none());
+        assert_eq!(snap.models["m"].mixed.len(), 1);
+        assert_eq!(snap.active_workers(), 1);
+        assert_eq!(snap.count_by_mode()[0], (DisaggMode::Mixed, 1));
+    }
+
+    #[test]
+    fn the_canary_reference_is_forgotten_with_the_models_last_worker() {
+        let reg = Registry::new();
+        let with_canary = |id: &str, canary: Vec<u32>| {
+            let mut r = mk_record(id, "m", DisaggMode::Mixed, 1);
+            r.kv = Some(
+                serde_json::from_value(serde_json::json!({"engine_block_size": 16, "index_block_size": 64, "tokenizer": "t", "tokenizer_digest": "d", "tokenizer_canary": canary}))
+                    .unwrap(),
+            );
+            r
+        };
+        assert_eq!(reg.upsert(with_canary("a:1", vec![1])), Change::Added);
+        assert_eq!(
+            reg.upsert(with_canary("b:1", vec![2])),
+            Change::RejectedCanary
+        );
+        assert!(reg.remove("a:1"));
+        assert_eq!(reg.canary("m"), None);
+        assert_eq!(reg.upsert(with_canary("b:1", vec![2])), Change::Added);
+        assert_eq!(reg.canary("m"), Some(vec![2]));
     }
 }

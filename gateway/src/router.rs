@@ -141,10 +141,10 @@ pub fn pinned(
     }
     // A pinned prefill running data-parallel is steered to one rank, so the bootstrap
     // room (and vLLM's `_dp<rank>` engine id) can name where its KV is.
-    let dp_rank = (record.disagg_mode == DisaggMode::Prefill && record.dp_size > 1).then(|| {
+    let dp_rank = (record.disagg_mode == DisaggMode::Prefill && record.dp_ranks() > 1).then(|| {
         record
             .dp_rank
-            .unwrap_or_else(|| fastrand::u32(..record.dp_size))
+            .unwrap_or_else(|| fastrand::u32(..record.dp_ranks()))
     });
     Ok(vec![Target {
         record: record.clone(),

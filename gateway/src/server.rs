@@ -28,9 +28,18 @@ pub struct RunningGateway {
 }
 
 impl RunningGateway {
-    /// Stops accepting, waits for open responses (up to the configured grace), stops
+    /// Keeps serving for `--shutdown-delay-s` while not ready and closing connections,
+    /// then stops accepting, waits for open responses (up to the configured grace), stops
     /// discovery.
     pub async fn shutdown(mut self) {
+        let delay = Duration::from_secs_f64(self.gateway.cfg.shutdown_delay_s);
+        if !delay.is_zero() {
+            self.gateway
+                .draining
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            tracing::info!("not ready; serving {delay:?} more before closing the listener");
+            tokio::time::sleep(delay).await;
+        }
         let _ = self.stop.send(true);
         let grace = Duration::from_secs_f64(self.gateway.cfg.shutdown_grace_s);
         let drain = async { while self.tasks.join_next().await.is_some() {} };

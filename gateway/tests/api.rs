@@ -465,6 +465,54 @@ async fn shutdown_lets_open_streams_finish() {
 }
 
 #[tokio::test]
+async fn a_stopping_gateway_serves_its_delay_unready_closing_connections() {
+    let sim = start_sim(EngineKind::Vllm, 10.0).await;
+    let gw = embedded(
+        vec![record_for(sim.addr, EngineKind::Vllm)],
+        &["--shutdown-delay-s", "1.5"],
+    )
+    .await;
+    let addr = gw.addr;
+    let client = reqwest::Client::new();
+    let ready = client
+        .get(format!("http://{addr}/ready"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+    assert!(ready.headers().get("connection").is_none());
+    let started = Instant::now();
+    let stopping = tokio::spawn(gw.shutdown());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Not ready, so the Service drops it; still answering, each answer closing its
+    // connection so the client's next request goes elsewhere.
+    let ready = client
+        .get(format!("http://{addr}/ready"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 503);
+    let answer = client
+        .post(format!("http://{addr}/v1/chat/completions"))
+        .json(&chat("during the delay", 4))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(answer.headers()["connection"], "close");
+    stopping.await.unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        reqwest::get(format!("http://{addr}/health")).await.is_err(),
+        "no new connections after the delay"
+    );
+}
+
+#[tokio::test]
 async fn a_rank_multiplexed_worker_gets_each_rank_in_turn() {
     let ranks = Arc::new(Mutex::new(Vec::<String>::new()));
     let seen = ranks.clone();
@@ -487,7 +535,7 @@ async fn a_rank_multiplexed_worker_gets_each_rank_in_turn() {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     let mut record = record_for(addr, EngineKind::Sglang);
-    record.dp_size = 2;
+    record.dp_size = Some(2);
     let gw = embedded(vec![record], &[]).await;
     let workers: Value = reqwest::get(gw_url(&gw, "/v1/workers"))
         .await

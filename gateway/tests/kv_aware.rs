@@ -234,8 +234,11 @@ async fn a_worker_with_a_different_tokenizer_is_refused() {
     let with_canary = |addr, canary: Vec<u32>| {
         let mut r = record_for(addr, EngineKind::Vllm);
         r.kv = Some(
-            serde_json::from_value(json!({"engine_block_size": 16, "tokenizer_canary": canary}))
-                .unwrap(),
+            serde_json::from_value(json!({
+                "engine_block_size": 16, "index_block_size": 64, "tokenizer": "fixture/tokenizer",
+                "tokenizer_digest": "0123456789abcdef", "tokenizer_canary": canary,
+            }))
+            .unwrap(),
         );
         r
     };

@@ -71,14 +71,10 @@ struct Cli {
     /// kvd image (overrides registry and tag).
     #[arg(long, env = "INFERA_KVD_IMAGE")]
     kvd_image: Option<String>,
-    /// Image of model download Jobs for simulated engines (vendor engine images download
-    /// their own models).
-    #[arg(
-        long,
-        env = "INFERA_DOWNLOADER_IMAGE",
-        default_value = "python:3.12-slim"
-    )]
-    downloader_image: String,
+    /// Image of model download Jobs for simulated engines, with `huggingface_hub` baked
+    /// in (vendor engine images download their own models; overrides registry and tag).
+    #[arg(long, env = "INFERA_DOWNLOADER_IMAGE")]
+    downloader_image: Option<String>,
     /// etcd client URLs (comma-separated) for deployments that choose etcd discovery
     /// without endpoints: the chart sets its bundled etcd here.
     #[arg(long, env = "INFERA_DEFAULT_ETCD_ENDPOINTS", value_delimiter = ',')]
@@ -103,7 +99,7 @@ fn images(cli: &Cli) -> Images {
     pick(&mut images.sidecar, &cli.sidecar_image);
     pick(&mut images.sim, &cli.sim_image);
     pick(&mut images.kvd, &cli.kvd_image);
-    images.downloader.clone_from(&cli.downloader_image);
+    pick(&mut images.downloader, &cli.downloader_image);
     images
 }
 

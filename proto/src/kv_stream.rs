@@ -73,6 +73,19 @@ pub fn encode_sequence(sequence: i64) -> [u8; 8] {
     sequence.to_be_bytes()
 }
 
+/// The ZMQ endpoint data-parallel rank `rank` publishes on: the worker's
+/// `kv_events_endpoint` with its port raised by `rank` (SGLang's `offset_endpoint_port`
+/// under `--dp-size`; rank 0 is the endpoint itself). `None` when the endpoint has no
+/// numeric port to offset.
+pub fn build_rank_endpoint(endpoint: &str, rank: u32) -> Option<String> {
+    if rank == 0 {
+        return Some(endpoint.to_owned());
+    }
+    let (head, port) = endpoint.rsplit_once(':')?;
+    let port: u32 = port.parse().ok()?;
+    Some(format!("{head}:{}", port.checked_add(rank)?))
+}
+
 /// The subject token of a worker: base64url of its id, no padding.
 pub fn build_worker_token(worker_id: &str) -> String {
     URL_SAFE_NO_PAD.encode(worker_id.as_bytes())
@@ -128,6 +141,24 @@ mod tests {
             parse_zmq_frames(&[b"a", b"\x01", b"p"]),
             Err(ParseZmqFrameError::SequenceLength(1))
         );
+    }
+
+    #[test]
+    fn rank_endpoints_offset_the_port() {
+        assert_eq!(
+            build_rank_endpoint("tcp://10.0.1.3:40001", 0).as_deref(),
+            Some("tcp://10.0.1.3:40001")
+        );
+        assert_eq!(
+            build_rank_endpoint("tcp://10.0.1.3:40001", 3).as_deref(),
+            Some("tcp://10.0.1.3:40004")
+        );
+        assert_eq!(
+            build_rank_endpoint("tcp://[fd00::1]:5557", 1).as_deref(),
+            Some("tcp://[fd00::1]:5558")
+        );
+        assert_eq!(build_rank_endpoint("tcp://h", 1), None);
+        assert_eq!(build_rank_endpoint("", 1), None);
     }
 
     #[test]

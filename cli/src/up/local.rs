@@ -476,3 +476,51 @@ impl LocalCluster {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The records `infera up` registers (in-process or in etcd) are read back, by the
+    /// gateway's parse, as what they were built to mean.
+    #[test]
+    fn sim_records_read_back_as_built() {
+        let addr: SocketAddr = "127.0.0.1:8000".parse().unwrap();
+        let check = |built: &WorkerRecord, protocol: Option<&str>| {
+            let bytes = built.to_json();
+            let read = WorkerRecord::from_json(bytes.as_bytes()).unwrap();
+            assert_eq!(&read, built);
+            assert_eq!(read.to_json(), bytes);
+            assert_eq!(read.protocol(), protocol);
+            assert_eq!(read.kv_block_size, Some(16));
+            assert_eq!(read.route_targets().len(), 1);
+        };
+        let mixed = build_sim_record(
+            addr,
+            SimFlavor::Vllm,
+            "fixture-model",
+            None,
+            Some("tcp://127.0.0.1:5557"),
+            16,
+        )
+        .unwrap();
+        check(&mixed, None);
+        assert_eq!(mixed.events_endpoint(), Some("tcp://127.0.0.1:5557"));
+        for protocol in PdProtocol::ALL {
+            let flavor = match protocol.engine() {
+                EngineKind::Vllm => SimFlavor::Vllm,
+                EngineKind::Sglang => SimFlavor::Sglang,
+                EngineKind::Atom => SimFlavor::Atom,
+            };
+            for leg in [PdLeg::Prefill, PdLeg::Decode] {
+                let role = loopback_pd_role(protocol, leg, 8000, "fixture-engine".into()).unwrap();
+                let built =
+                    build_sim_record(addr, flavor, "fixture-model", Some(&role), None, 16).unwrap();
+                check(&built, Some(protocol.as_str()));
+                // A decode may register `"params": {}` (SGLang's does, as before).
+                let params = built.disagg_params().unwrap();
+                assert!(leg == PdLeg::Decode || !params.is_empty(), "{protocol:?}");
+            }
+        }
+    }
+}

@@ -2,6 +2,12 @@
 //! updates a worker, DELETE removes it (its lease expired or it deregistered). A broken
 //! connection reconnects with backoff (1 s doubling to 30 s); a compacted watch
 //! re-syncs at once from a fresh range, so no change is ever missed.
+//!
+//! What a range or a watch event does to the registry is decided by
+//! [`build_synced_records`] and [`apply_etcd_change`], which do no I/O (the corpus of the
+//! earlier launchers' records is run through them in tests); the runner only talks to
+//! etcd. Records are read by `infera_proto::worker::WorkerRecord::from_json`, the one
+//! parse every reader shares.
 
 use crate::discovery::decode_record;
 use crate::metrics::Metrics;
@@ -98,15 +104,13 @@ async fn sync_and_watch(
             source,
         })?;
     let revision = resp.header().map_or(0, |h| h.revision());
-    let records = resp
-        .kvs()
-        .iter()
-        .filter_map(|kv| {
-            let key = kv.key_str().ok()?;
-            let id = worker_id_from_key(prefix, key)?;
-            decode_record(id, kv.value(), metrics)
-        })
-        .collect::<Vec<_>>();
+    let records = build_synced_records(
+        prefix,
+        resp.kvs()
+            .iter()
+            .filter_map(|kv| Some((kv.key_str().ok()?, kv.value()))),
+        metrics,
+    );
     tracing::info!(
         "etcd discovery synced {} workers at revision {revision}",
         records.len()
@@ -150,30 +154,81 @@ async fn sync_and_watch(
         }
         for event in msg.events() {
             let Some(kv) = event.kv() else { continue };
-            let Some(id) = kv
-                .key_str()
-                .ok()
-                .and_then(|k| worker_id_from_key(prefix, k))
-            else {
-                continue;
+            let Ok(key) = kv.key_str() else { continue };
+            let change = match event.event_type() {
+                EventType::Put => EtcdChange::Put {
+                    key,
+                    value: kv.value(),
+                },
+                EventType::Delete => EtcdChange::Delete { key },
             };
-            match event.event_type() {
-                EventType::Put => {
-                    metrics.record_discovery("put");
-                    if let Some(record) = decode_record(id, kv.value(), metrics) {
-                        let change = registry.upsert(record);
-                        if change == crate::registry::Change::RejectedCanary {
-                            metrics.record_rejected_record("tokenizer_canary");
-                        }
-                        tracing::debug!(worker = id, ?change, "worker record put");
-                    }
+            apply_etcd_change(change, prefix, registry, metrics);
+        }
+    }
+}
+
+/// One change the watch saw under the prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EtcdChange<'a> {
+    /// A record was written (registered, or refreshed by a heartbeat).
+    Put {
+        /// The full key.
+        key: &'a str,
+        /// The record bytes.
+        value: &'a [u8],
+    },
+    /// A record went away (its lease expired, or it deregistered).
+    Delete {
+        /// The full key.
+        key: &'a str,
+    },
+}
+
+/// The records of a full range under `prefix`: every value that reads as a worker
+/// record (by [`infera_proto::worker::WorkerRecord::from_json`]) under a key naming its
+/// worker; the rest are counted and logged.
+pub fn build_synced_records<'a>(
+    prefix: &str,
+    kvs: impl Iterator<Item = (&'a str, &'a [u8])>,
+    metrics: &Metrics,
+) -> Vec<infera_proto::worker::WorkerRecord> {
+    kvs.filter_map(|(key, value)| {
+        let id = worker_id_from_key(prefix, key)?;
+        decode_record(id, value, metrics)
+    })
+    .collect()
+}
+
+/// Applies one watched change to `registry`: a PUT that reads as a worker record adds or
+/// updates its worker (a record refused, or a canary mismatch, leaves the registry as it
+/// was), a DELETE removes the worker the key names. Keys outside `prefix` are ignored.
+pub fn apply_etcd_change(
+    change: EtcdChange<'_>,
+    prefix: &str,
+    registry: &Registry,
+    metrics: &Metrics,
+) {
+    match change {
+        EtcdChange::Put { key, value } => {
+            let Some(id) = worker_id_from_key(prefix, key) else {
+                return;
+            };
+            metrics.record_discovery("put");
+            if let Some(record) = decode_record(id, value, metrics) {
+                let change = registry.upsert(record);
+                if change == crate::registry::Change::RejectedCanary {
+                    metrics.record_rejected_record("tokenizer_canary");
                 }
-                EventType::Delete => {
-                    metrics.record_discovery("delete");
-                    if registry.remove(id) {
-                        tracing::info!(worker = id, "worker left routing");
-                    }
-                }
+                tracing::debug!(worker = id, ?change, "worker record put");
+            }
+        }
+        EtcdChange::Delete { key } => {
+            let Some(id) = worker_id_from_key(prefix, key) else {
+                return;
+            };
+            metrics.record_discovery("delete");
+            if registry.remove(id) {
+                tracing::info!(worker = id, "worker left routing");
             }
         }
     }

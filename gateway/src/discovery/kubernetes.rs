@@ -368,7 +368,9 @@ pub fn compute_registry_ops(
     removed.chain(upserted).collect()
 }
 
-fn apply_update(update: IndexUpdate, registry: &Registry, metrics: &Metrics, namespace: &str) {
+/// Performs what [`PodIndex::apply`] decided: logs its warnings, applies its registry
+/// changes, marks the registry synced after a full list.
+pub fn apply_update(update: IndexUpdate, registry: &Registry, metrics: &Metrics, namespace: &str) {
     for warning in update.warnings {
         match warning {
             PodWarning::Skipped { pod, reason } => {

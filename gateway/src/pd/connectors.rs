@@ -132,7 +132,7 @@ pub fn resolve_protocol(
     decode: &WorkerRecord,
 ) -> Result<PdProtocol, PdError> {
     let of = |w: &WorkerRecord| {
-        let name = w.disagg_meta.as_ref().map(|m| m.protocol.clone());
+        let name = w.protocol().map(str::to_owned);
         match name.as_deref().map(str::parse::<PdProtocol>) {
             Some(Ok(p)) => Ok(p),
             _ => Err(PdError::Unsupported {
@@ -194,8 +194,8 @@ fn uuid_hyphenated(u: u128) -> String {
 /// the prefill rank from the room; vLLM's `_dp<rank>` engine id too).
 pub fn align_room(room: u64, prefill: &Target) -> u64 {
     match rank_of(prefill) {
-        Some(rank) if prefill.record.dp_size > 1 => {
-            let size = u64::from(prefill.record.dp_size);
+        Some(rank) if prefill.record.dp_ranks() > 1 => {
+            let size = u64::from(prefill.record.dp_ranks());
             room - room % size + u64::from(rank) % size
         }
         _ => room,
@@ -231,9 +231,7 @@ fn params<'r>(
     side: &'static str,
     key: &str,
 ) -> Result<&'r Map<String, Value>, PdError> {
-    w.disagg_meta
-        .as_ref()
-        .map(|m| &m.params)
+    w.disagg_params()
         .filter(|p| !p.is_empty())
         .ok_or_else(|| PdError::MissingParam {
             side,
@@ -264,9 +262,7 @@ fn param_str<'r>(w: &'r WorkerRecord, side: &'static str, key: &str) -> Result<&
 }
 
 fn extra_config(w: &WorkerRecord) -> Option<&Map<String, Value>> {
-    w.disagg_meta
-        .as_ref()?
-        .params
+    w.disagg_params()?
         .get("kv_connector_extra_config")?
         .as_object()
 }
@@ -409,7 +405,7 @@ pub fn build_prefill_leg(pair: &PdPair<'_>, body: &Map<String, Value>) -> Result
                     "remote_engine_id": null,
                     "remote_block_ids": null,
                     "transfer_id": transfer_id,
-                    "remote_dp_size": d.dp_size.max(1),
+                    "remote_dp_size": d.dp_ranks(),
                     "tp_size": tp,
                     "remote_tp_size": tp,
                 }),
@@ -460,8 +456,8 @@ pub fn build_decode_leg(
         PdProtocol::SglangBootstrap => sglang_bootstrap(pair, body)?,
         PdProtocol::VllmMooncake => {
             let mut engine_id = param_str(p, "prefill", "engine_id")?.to_owned();
-            if p.dp_size > 1 {
-                engine_id = format!("{engine_id}_dp{}", pair.ids.room % u64::from(p.dp_size));
+            if p.dp_ranks() > 1 {
+                engine_id = format!("{engine_id}_dp{}", pair.ids.room % u64::from(p.dp_ranks()));
             }
             let mut out = remaining_tokens(body);
             out.insert(
@@ -488,7 +484,7 @@ pub fn build_decode_leg(
                     "remote_engine_id": null,
                     "remote_block_ids": null,
                     "transfer_id": format!("tx-{:032x}", pair.ids.room),
-                    "remote_dp_size": p.dp_size.max(1),
+                    "remote_dp_size": p.dp_ranks(),
                     "tp_size": tp,
                     "remote_tp_size": tp,
                 }),
@@ -507,7 +503,7 @@ pub fn build_decode_leg(
                     "transfer_id": handoff_field("transfer_id")?,
                     "remote_engine_id": handoff_field("remote_engine_id")?,
                     "remote_block_ids": handoff_field("remote_block_ids")?,
-                    "remote_dp_size": p.dp_size.max(1),
+                    "remote_dp_size": p.dp_ranks(),
                     "tp_size": tp,
                     "remote_tp_size": tp,
                 }),

@@ -150,6 +150,11 @@ pub struct HuggingFaceSource {
     /// Secret key holding an access token, for gated models.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_secret_ref: Option<SecretKeyRef>,
+    /// The hub to download from (`HF_ENDPOINT`): a mirror or an in-house hub serving
+    /// Hugging Face's API; default https://huggingface.co.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(url)]
+    pub endpoint: Option<String>,
     /// Size of the cache PVC the download Job fills.
     #[serde(default = "cache_size")]
     pub cache_size: Quantity,

@@ -5,6 +5,7 @@
 
 pub mod apply;
 pub mod observe;
+pub mod pod_problems;
 pub mod status;
 pub mod topology_status;
 
@@ -29,6 +30,10 @@ use status::{ModelState, Observation, RoleObservation, compute_status};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// How often a deployment that is not ready is looked at again (its pods' problems reach
+/// the `Ready` condition within this).
+const NOT_READY_RECHECK: Duration = Duration::from_secs(15);
 
 /// How long a LeaderWorkerSet CRD check is trusted when no deployment needs one.
 const LWS_RECHECK: Duration = Duration::from_secs(30);
@@ -286,21 +291,26 @@ fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::from_second(ts.as_second()).unwrap_or(ts))
 }
 
+/// Writes the status when it changed; returns whether the deployment is `Ready`. Ready
+/// turning true is a Normal Event; a pod problem becoming the reason it is not, a
+/// Warning with that reason.
 async fn write_status(
     ctx: &Context,
     idep: &InferaDeployment,
     namespace: &str,
     obs: &Observation,
-) -> Result<(), ReconcileError> {
+) -> Result<bool, ReconcileError> {
     let new = compute_status(idep.status.as_ref(), obs, &now());
+    let ready = new.conditions.iter().find(|c| c.type_ == "Ready").cloned();
+    let is_ready = ready.as_ref().is_some_and(|c| c.status == "True");
     if idep.status.as_ref() == Some(&new) {
-        return Ok(());
+        return Ok(is_ready);
     }
-    let previous_ready = idep
+    let previous = idep
         .status
         .as_ref()
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
-        .map(|c| c.status.clone());
+        .map(|c| (c.status.clone(), c.reason.clone()));
     let api = Api::<InferaDeployment>::namespaced(ctx.client.clone(), namespace);
     let patch = serde_json::json!({
         "apiVersion": "infera.amd.com/v1alpha1",
@@ -314,10 +324,11 @@ async fn write_status(
     )
     .await
     .map_err(|e| ReconcileError::Read("writing status", e))?;
-    let ready = new.conditions.iter().find(|c| c.type_ == "Ready");
-    if let Some(ready) =
-        ready.filter(|c| Some(&c.status) != previous_ready.as_ref() && c.status == "True")
-    {
+    let Some(ready) = ready else {
+        return Ok(is_ready);
+    };
+    let changed = previous.as_ref() != Some(&(ready.status.clone(), ready.reason.clone()));
+    if changed && is_ready {
         ctx.publish(
             idep,
             Event {
@@ -329,8 +340,12 @@ async fn write_status(
             },
         )
         .await;
+    } else if changed && pod_problems::PodProblemKind::REASONS.contains(&ready.reason.as_str()) {
+        tracing::warn!(deployment = %idep.name_any(), namespace, "{}: {}", ready.reason, ready.message);
+        ctx.publish(idep, problem_event(&ready.reason, &ready.message))
+            .await;
     }
-    Ok(())
+    Ok(is_ready)
 }
 
 async fn reconcile(
@@ -412,6 +427,7 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
                 problem: Some((reason, message)),
                 selector,
                 endpoint: None,
+                pod_problems: Vec::new(),
             };
             write_status(ctx, idep, &namespace, &obs).await?;
             return Ok(Action::requeue(Duration::from_secs(300)));
@@ -429,6 +445,7 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
                 problem: Some(("ApplyFailed".to_owned(), e.to_string())),
                 selector,
                 endpoint: None,
+                pod_problems: Vec::new(),
             };
             write_status(ctx, idep, &namespace, &obs).await?;
             return Err(e);
@@ -455,6 +472,7 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
         })
         .unwrap_or((idep.spec.gateway.replicas, 0));
     let lws_missing = problem.is_some();
+    let pods = observe::fetch_pods(&ctx.client, &namespace, &name).await?;
     let obs = Observation {
         generation: idep.metadata.generation,
         roles: Some(observe_roles(&rendered, &applied)),
@@ -463,10 +481,15 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
         problem,
         selector,
         endpoint: Some(rendered.gateway_endpoint.clone()),
+        pod_problems: pod_problems::build_pod_problems(&pods),
     };
-    write_status(ctx, idep, &namespace, &obs).await?;
-    // Owned children wake the controller on change; a missing CRD may be installed.
-    Ok(Action::requeue(if lws_missing {
+    let ready = write_status(ctx, idep, &namespace, &obs).await?;
+    // Owned children wake the controller on change, but a pod that cannot be scheduled
+    // or pulled changes none of them: while not ready, look again soon. A missing CRD
+    // may be installed.
+    Ok(Action::requeue(if !ready {
+        NOT_READY_RECHECK
+    } else if lws_missing {
         Duration::from_secs(30)
     } else {
         Duration::from_secs(600)

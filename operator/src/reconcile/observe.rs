@@ -5,8 +5,8 @@ use super::status::ModelState;
 use crate::api::InferaDeployment;
 use crate::render::names;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::api::{Patch, PatchParams};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 
 /// Whether the API server serves `leaderworkerset.x-k8s.io/v1` LeaderWorkerSets.
@@ -93,4 +93,19 @@ pub fn job_state(job: Option<&Job>) -> ModelState {
     } else {
         ModelState::Downloading
     }
+}
+
+/// The pods of a deployment (engines, gateways, the model download), for what keeps
+/// them from running.
+pub async fn fetch_pods(
+    client: &Client,
+    namespace: &str,
+    instance: &str,
+) -> Result<Vec<Pod>, ReconcileError> {
+    let selector = format!("{}={instance}", infera_proto::discovery::DEPLOYMENT_LABEL);
+    Api::<Pod>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map(|list| list.items)
+        .map_err(|e| ReconcileError::Read("listing the deployment's pods", e))
 }

@@ -1,6 +1,7 @@
 //! Status (pure): what the children report becomes `observedGeneration`, the `Ready`,
 //! `Progressing` and `Degraded` conditions, per-role counts and the `/scale` replicas.
 
+use super::pod_problems::{PodProblem, of_component, summarize};
 use crate::api::{InferaDeploymentStatus, RoleStatus};
 use crate::render::names::Role;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -50,6 +51,8 @@ pub struct Observation {
     pub selector: String,
     /// `status.gatewayEndpoint`.
     pub endpoint: Option<String>,
+    /// Why pods of the deployment are not running ([`super::pod_problems`]).
+    pub pod_problems: Vec<PodProblem>,
 }
 
 fn condition(
@@ -147,6 +150,18 @@ pub fn compute_status(
         .roles
         .as_ref()
         .is_some_and(|r| r.iter().any(|r| r.desired > 0));
+    // Not ready for a reason a pod states: that reason, and the pod's message.
+    let stuck = |component: &str, progress: &str| {
+        let problems = of_component(&obs.pod_problems, component);
+        let first = problems.first()?;
+        let why = summarize(&problems)?;
+        let message = if progress.is_empty() {
+            why
+        } else {
+            format!("{progress}; {why}")
+        };
+        Some(cond("Ready", false, first.kind.reason(), message))
+    };
     let ready = match (&obs.roles, &obs.model) {
         (None, _) => cond(
             "Ready",
@@ -154,21 +169,25 @@ pub fn compute_status(
             "BuildFailed",
             "the last good build keeps serving; see Degraded".into(),
         ),
-        (_, ModelState::Downloading) => cond(
-            "Ready",
-            false,
-            "ModelDownloading",
-            "workers start when the model download Job succeeds".into(),
-        ),
+        (_, ModelState::Downloading) => {
+            stuck("model-download", "the model download Job cannot run").unwrap_or_else(|| {
+                cond(
+                    "Ready",
+                    false,
+                    "ModelDownloading",
+                    "workers start when the model download Job succeeds".into(),
+                )
+            })
+        }
         (_, ModelState::Failed(m)) => cond("Ready", false, "ModelDownloadFailed", m.clone()),
         _ if !workers_wanted => cond("Ready", false, "ScaledToZero", "spec.replicas is 0".into()),
-        _ if !roles_ready => cond("Ready", false, "WorkersNotReady", progress.clone()),
-        _ if !gateway_ok => cond(
-            "Ready",
-            false,
-            "GatewayNotReady",
-            format!("0 of {gw_desired} gateway pods ready"),
-        ),
+        _ if !roles_ready => stuck("engine", &progress)
+            .unwrap_or_else(|| cond("Ready", false, "WorkersNotReady", progress.clone())),
+        _ if !gateway_ok => {
+            let counts = format!("0 of {gw_desired} gateway pods ready");
+            stuck("gateway", &counts)
+                .unwrap_or_else(|| cond("Ready", false, "GatewayNotReady", counts))
+        }
         _ => cond(
             "Ready",
             true,

@@ -98,6 +98,14 @@ pub fn gateway_tokenizer(spec: &InferaDeploymentSpec, model_path: &str) -> Optio
         .or_else(|| (spec.engine.kind != EngineKind::Sim).then(|| model_path.to_owned()))
 }
 
+/// Seconds a stopping gateway keeps serving (`--shutdown-delay-s`): kube-proxy drops a
+/// terminating pod from its Service within about a second.
+const GATEWAY_SHUTDOWN_DELAY_S: u32 = 5;
+
+/// The grace period of a gateway pod: the delay, the gateway's own 30 s for open
+/// streams (`--shutdown-grace-s`), and slack.
+const GATEWAY_GRACE_S: i64 = GATEWAY_SHUTDOWN_DELAY_S as i64 + 30 + 5;
+
 /// The gateway's command-line flags.
 pub fn gateway_args(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec, model_path: &str) -> Vec<String> {
     let g = &spec.gateway;
@@ -114,6 +122,10 @@ pub fn gateway_args(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec, model_path: &str
         g.kv_prefill_overlap_weight.to_string(),
         "--kv-decode-overlap-weight".into(),
         g.kv_decode_overlap_weight.to_string(),
+        // On SIGTERM, stay up (not ready, closing connections) until the Service has
+        // dropped the pod, so a rolling update or a deleted pod refuses no client.
+        "--shutdown-delay-s".into(),
+        GATEWAY_SHUTDOWN_DELAY_S.to_string(),
     ];
     match (&spec.discovery.backend, &spec.discovery.etcd) {
         (DiscoveryBackend::Etcd, Some(etcd)) => {
@@ -231,6 +243,7 @@ pub fn gateway(
                 }),
                 spec: Some(PodSpec {
                     service_account_name: Some(names::service_account(ctx.name)),
+                    termination_grace_period_seconds: Some(GATEWAY_GRACE_S),
                     containers: vec![container],
                     volumes: uses_model.then(|| vec![model_volume(model)]),
                     enable_service_links: Some(false),

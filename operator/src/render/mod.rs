@@ -38,7 +38,8 @@ pub struct Images {
     pub sim: String,
     /// `infera-kvd`.
     pub kvd: String,
-    /// Runs the model download when the engine image is not a Python one (`sim`).
+    /// `infera-downloader`: runs the model download when the engine image is not a
+    /// Python one (`sim`); `huggingface_hub` is baked in, nothing is installed at run time.
     pub downloader: String,
 }
 
@@ -51,7 +52,7 @@ impl Images {
             sidecar: image("engine-sidecar"),
             sim: image("sim"),
             kvd: image("kvd"),
-            downloader: "python:3.12-slim".into(),
+            downloader: image("downloader"),
         }
     }
 }

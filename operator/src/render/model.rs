@@ -10,8 +10,8 @@ use crate::api::InferaDeploymentSpec;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     Container, EnvVar, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, SecurityContext, Volume,
-    VolumeMount, VolumeResourceRequirements,
+    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec,
+    SecurityContext, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use std::collections::BTreeMap;
@@ -27,6 +27,9 @@ from huggingface_hub import snapshot_download
 path = snapshot_download(repo_id=os.environ["HF_MODEL_ID"], revision=os.environ.get("HF_REVISION") or None, local_dir=os.environ["TARGET"])
 print(f"downloaded {os.environ['HF_MODEL_ID']} into {path}")
 PY"#;
+
+/// The group of the downloader image's user (distroless `nonroot`).
+const DOWNLOADER_GID: i64 = 65532;
 
 /// The model volume of a deployment.
 pub fn volume(instance: &str, spec: &InferaDeploymentSpec) -> ModelVolume {
@@ -92,6 +95,9 @@ pub fn download(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec, done: bool) -> Optio
     if let Some(rev) = &hf.revision {
         env.push(self::env("HF_REVISION", rev));
     }
+    if let Some(endpoint) = &hf.endpoint {
+        env.push(self::env("HF_ENDPOINT", endpoint));
+    }
     if let Some(secret) = &hf.token_secret_ref {
         env.push(super::pod::secret_env("HF_TOKEN", secret));
     }
@@ -111,6 +117,12 @@ pub fn download(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec, done: bool) -> Optio
                 }),
                 spec: Some(PodSpec {
                     restart_policy: Some("OnFailure".into()),
+                    // The downloader image runs as 65532: the volume's files are made its
+                    // group's, so it can write them (engines, root, read them anyway).
+                    security_context: Some(PodSecurityContext {
+                        fs_group: Some(DOWNLOADER_GID),
+                        ..Default::default()
+                    }),
                     enable_service_links: Some(false),
                     containers: vec![Container {
                         name: "download".into(),

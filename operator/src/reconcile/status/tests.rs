@@ -1,4 +1,5 @@
 use super::*;
+use crate::reconcile::pod_problems::{PodProblem, PodProblemKind};
 use k8s_openapi::jiff::Timestamp;
 
 fn t(secs: i64) -> Time {
@@ -24,6 +25,7 @@ fn obs(roles: Vec<RoleObservation>, gateway: (i32, i32)) -> Observation {
         problem: None,
         selector: "infera.amd.com/deployment=d,app.kubernetes.io/component=engine".into(),
         endpoint: Some("http://d-gateway.ns:8000".into()),
+        pod_problems: Vec::new(),
     }
 }
 
@@ -108,4 +110,81 @@ fn a_download_holds_workers_and_a_failed_one_is_degraded() {
     o.model = ModelState::Failed("BackoffLimitExceeded".into());
     let s = compute_status(Some(&s), &o, &t(2));
     assert_eq!(cond(&s, "Degraded").reason, "ModelDownloadFailed");
+}
+
+fn problem(pod: &str, component: &str, kind: PodProblemKind, message: &str) -> PodProblem {
+    PodProblem {
+        pod: pod.into(),
+        component: component.into(),
+        kind,
+        message: message.into(),
+    }
+}
+
+#[test]
+fn a_pod_problem_is_the_reason_workers_or_gateways_are_not_ready() {
+    let mut o = obs(vec![role(Role::Mixed, 2, 2, 1, 1)], (1, 1));
+    o.pod_problems = vec![
+        problem(
+            "d-mixed-1",
+            "engine",
+            PodProblemKind::Unschedulable,
+            "0/1 nodes are available: 1 Insufficient amd.com/gpu.",
+        ),
+        problem(
+            "d-gateway-x",
+            "gateway",
+            PodProblemKind::ImagePullBackOff,
+            "x",
+        ),
+    ];
+    let s = compute_status(None, &o, &t(1));
+    let ready = cond(&s, "Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "Unschedulable")
+    );
+    assert_eq!(
+        ready.message,
+        "mixed 1/2 ready; pod d-mixed-1: 0/1 nodes are available: 1 Insufficient amd.com/gpu."
+    );
+
+    // Workers ready, gateway stuck: the gateway pod's reason.
+    let mut o = obs(vec![role(Role::Mixed, 1, 1, 1, 1)], (1, 0));
+    o.pod_problems = vec![problem(
+        "d-gateway-x",
+        "gateway",
+        PodProblemKind::ImagePullBackOff,
+        "container gateway ImagePullBackOff",
+    )];
+    let ready = cond(&compute_status(None, &o, &t(1)), "Ready").clone();
+    assert_eq!(ready.reason, "ImagePullBackOff");
+    assert_eq!(
+        ready.message,
+        "0 of 1 gateway pods ready; pod d-gateway-x: container gateway ImagePullBackOff"
+    );
+
+    // A download pod that cannot start says why instead of "downloading".
+    let mut o = obs(vec![role(Role::Mixed, 1, 0, 0, 1)], (1, 1));
+    o.model = ModelState::Downloading;
+    o.pod_problems = vec![problem(
+        "d-model-download-abc",
+        "model-download",
+        PodProblemKind::ImagePullBackOff,
+        "container download ImagePullBackOff",
+    )];
+    let ready = cond(&compute_status(None, &o, &t(1)), "Ready").clone();
+    assert_eq!(ready.reason, "ImagePullBackOff");
+    assert!(
+        ready
+            .message
+            .starts_with("the model download Job cannot run; pod d-model-download-abc")
+    );
+
+    // Nothing stated by any pod: the counts.
+    let o = obs(vec![role(Role::Mixed, 2, 2, 1, 1)], (1, 1));
+    assert_eq!(
+        cond(&compute_status(None, &o, &t(1)), "Ready").reason,
+        "WorkersNotReady"
+    );
 }

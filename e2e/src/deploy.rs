@@ -1,0 +1,161 @@
+//! Deployments as a user drives them with kubectl: apply a manifest, wait for `Ready`
+//! from real readiness, find the pods, reach the gateway through a NodePort, and check
+//! who wrote each workload's status.
+
+use crate::gateway::Gateway;
+use crate::{Cluster, E2eError, STATUS_WRITERS, eventually};
+use serde_json::Value;
+use std::time::Duration;
+
+/// Pods start in seconds here (images are local); the bound covers a loaded 2-CPU node.
+pub const ROLLOUT: Duration = Duration::from_secs(300);
+
+/// The condition `kind` of an object's `status.conditions`.
+pub fn condition<'a>(object: &'a Value, kind: &str) -> Option<&'a Value> {
+    object["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+}
+
+impl Cluster {
+    /// `kubectl ARGS -o json`, parsed.
+    pub async fn get_json(&self, args: &[&str]) -> Result<Value, E2eError> {
+        let mut full: Vec<&str> = args.to_vec();
+        full.extend(["-o", "json"]);
+        let text = self.kubectl(&full).await?;
+        serde_json::from_str(&text).map_err(|e| E2eError::Http(format!("{e}: {text}")))
+    }
+
+    /// `kubectl apply -n NAMESPACE -f -` of `manifest`.
+    pub async fn apply(&self, namespace: &str, manifest: &str) -> Result<(), E2eError> {
+        self.kubectl_with_input(&["apply", "-n", namespace, "-f", "-"], Some(manifest))
+            .await
+            .map(|_| ())
+    }
+
+    /// Waits until the InferaDeployment's `Ready` condition is `True`; returns it.
+    pub async fn wait_ready(&self, namespace: &str, name: &str) -> Result<Value, E2eError> {
+        let what = format!("InferaDeployment {name} Ready");
+        eventually(self, namespace, &what, ROLLOUT, || async {
+            let idep = self
+                .get_json(&["get", "idep", name, "-n", namespace])
+                .await
+                .map_err(|e| e.to_string())?;
+            match condition(&idep, "Ready") {
+                Some(c) if c["status"] == "True" => Ok(idep),
+                Some(c) => Err(format!(
+                    "Ready={} {}: {}",
+                    c["status"], c["reason"], c["message"]
+                )),
+                None => Err("no Ready condition yet".into()),
+            }
+        })
+        .await
+    }
+
+    /// The pods of `namespace` matching the label `selector`.
+    pub async fn pods(&self, namespace: &str, selector: &str) -> Result<Vec<Value>, E2eError> {
+        let list = self
+            .get_json(&["get", "pods", "-n", namespace, "-l", selector])
+            .await?;
+        Ok(list["items"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// The engine pods of a deployment (every role).
+    pub async fn engine_pods(
+        &self,
+        namespace: &str,
+        deployment: &str,
+    ) -> Result<Vec<Value>, E2eError> {
+        self.pods(
+            namespace,
+            &format!("infera.amd.com/deployment={deployment},app.kubernetes.io/component=engine"),
+        )
+        .await
+    }
+
+    /// Turns the deployment's gateway Service into a NodePort (through the custom
+    /// resource, as a user would) and returns the gateway reached on 127.0.0.1 once it
+    /// routes to `workers` workers.
+    pub async fn gateway_on_node_port(
+        &self,
+        namespace: &str,
+        deployment: &str,
+        workers: usize,
+    ) -> Result<Gateway, E2eError> {
+        self.kubectl(&[
+            "patch",
+            "idep",
+            deployment,
+            "-n",
+            namespace,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"gateway":{"service":{"type":"NodePort"}}}}"#,
+        ])
+        .await?;
+        let service = format!("{deployment}-gateway");
+        let port = eventually(
+            self,
+            namespace,
+            "gateway Service NodePort",
+            ROLLOUT,
+            || async {
+                let svc = self
+                    .get_json(&["get", "service", &service, "-n", namespace])
+                    .await
+                    .map_err(|e| e.to_string())?;
+                svc["spec"]["ports"][0]["nodePort"]
+                    .as_u64()
+                    .filter(|_| svc["spec"]["type"] == "NodePort")
+                    .ok_or_else(|| format!("type {}", svc["spec"]["type"]))
+            },
+        )
+        .await?;
+        let gateway = Gateway::new(format!("http://127.0.0.1:{port}"))?;
+        self.wait_active_workers(namespace, &gateway, workers)
+            .await?;
+        Ok(gateway)
+    }
+
+    /// Waits until the gateway lists exactly `workers` active workers.
+    pub async fn wait_active_workers(
+        &self,
+        namespace: &str,
+        gateway: &Gateway,
+        workers: usize,
+    ) -> Result<(), E2eError> {
+        let what = format!("the gateway routing to {workers} workers");
+        eventually(self, namespace, &what, ROLLOUT, || async {
+            let active = gateway.active_workers().await.map_err(|e| e.to_string())?;
+            if active.len() == workers {
+                Ok(())
+            } else {
+                Err(format!("active workers {active:?}"))
+            }
+        })
+        .await
+    }
+
+    /// Every `resource/object: manager` of `namespace` whose status was written by a
+    /// field manager other than the controllers ([`STATUS_WRITERS`]).
+    pub async fn foreign_status_writers(&self, namespace: &str) -> Result<Vec<String>, E2eError> {
+        let mut out = Vec::new();
+        for resource in [
+            "statefulsets",
+            "deployments",
+            "pods",
+            "inferadeployments",
+            "persistentvolumeclaims",
+            "jobs",
+        ] {
+            for (object, manager) in self.status_writers(resource, namespace).await? {
+                if !STATUS_WRITERS.contains(&manager.as_str()) {
+                    out.push(format!("{resource}/{object}: {manager}"));
+                }
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,312 @@
+//! What a platform team serves on the node, beyond the first example: every
+//! prefill/decode layout (1P1D, 2P1D, 1P2D) with each connector the simulator checks
+//! (SGLang bootstrap, vLLM Mooncake, vLLM MoRI write and read, ATOM Mooncake), and
+//! mixed workers found through the chart's etcd instead of Pod annotations. Requests go
+//! through each gateway's Service as a client's would.
+//!
+//! Run by `scripts/test` in its cluster stage, one test at a time.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use infera_e2e::deploy::ROLLOUT;
+use infera_e2e::{Cluster, RELEASE_NAMESPACE, eventually};
+use serde_json::{Value, json};
+
+/// Small gateways: four deployments share the node's 2 CPUs.
+const SMALL_GATEWAY: &str = "gateway: {resources: {requests: {cpu: 50m, memory: 64Mi}}}";
+
+fn pd_manifest(name: &str, flavor: &str, layout: &str, transport: &str) -> String {
+    format!(
+        "apiVersion: infera.amd.com/v1alpha1
+kind: PDTopology
+metadata: {{name: {name}}}
+spec: {{layout: {layout}, transport: {transport}}}
+---
+apiVersion: infera.amd.com/v1alpha1
+kind: InferaDeployment
+metadata: {{name: {name}}}
+spec:
+  replicas: 1
+  model: {{name: {name}-model, source: {{hostPath: {{path: /models/none}}}}}}
+  engine: {{kind: sim, simFlavor: {flavor}}}
+  serving: {{mode: disaggregated, topologyRef: {name}}}
+  {SMALL_GATEWAY}
+"
+    )
+}
+
+#[tokio::test]
+async fn every_pd_layout_serves_prefill_then_decode_through_its_gateway_service() {
+    let cluster = Cluster::connect().await.unwrap();
+    let ns = cluster.namespace("e2e-pd").await.unwrap();
+    let ns = ns.name.clone();
+    // (deployment, flavor, layout, transport, protocol, prefill workers, decode workers)
+    let cases = [
+        (
+            "pd-sglang",
+            "sglang",
+            "1P1D",
+            "{backend: mooncake}",
+            "sglang-bootstrap",
+            1,
+            1,
+        ),
+        (
+            "pd-vllm",
+            "vllm",
+            "2P1D",
+            "{backend: mooncake}",
+            "vllm-mooncake",
+            2,
+            1,
+        ),
+        (
+            "pd-atom",
+            "atom",
+            "1P2D",
+            "{backend: mooncake}",
+            "atom-mooncake",
+            1,
+            2,
+        ),
+        (
+            "pd-mori",
+            "vllm",
+            "1P1D",
+            "{backend: mori}",
+            "vllm-mori-write",
+            1,
+            1,
+        ),
+        (
+            "pd-mori-read",
+            "vllm",
+            "1P1D",
+            "{backend: mori, readMode: true}",
+            "vllm-mori-read",
+            1,
+            1,
+        ),
+    ];
+    for (name, flavor, layout, transport, ..) in cases {
+        cluster
+            .apply(&ns, &pd_manifest(name, flavor, layout, transport))
+            .await
+            .unwrap();
+    }
+    for (name, _, _, _, protocol, prefill, decode) in cases {
+        let idep = cluster.wait_ready(&ns, name).await.unwrap();
+        let roles: Vec<(String, i64)> = idep["status"]["roles"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["role"].as_str().unwrap().to_owned(),
+                    r["readyReplicas"].as_i64().unwrap(),
+                )
+            })
+            .collect();
+        assert!(
+            roles.contains(&("prefill".into(), prefill)),
+            "{name}: {roles:?}"
+        );
+        assert!(
+            roles.contains(&("decode".into(), decode)),
+            "{name}: {roles:?}"
+        );
+
+        let gateway = cluster
+            .gateway_on_node_port(&ns, name, (prefill + decode) as usize)
+            .await
+            .unwrap();
+        let model = format!("{name}-model");
+        // ATOM's Mooncake connector serves completions only.
+        let (path, body) = if flavor_is_atom(name) {
+            (
+                "/v1/completions",
+                json!({"model": model, "max_tokens": 6, "prompt": "Disaggregated, on a real node"}),
+            )
+        } else {
+            (
+                "/v1/chat/completions",
+                json!({"model": model, "max_tokens": 6,
+                       "messages": [{"role": "user", "content": "Disaggregated, on a real node"}]}),
+            )
+        };
+        let answer = gateway.post(path, &body).await.unwrap();
+        assert_eq!(answer.status, 200, "{name}: {}", answer.body);
+        let roles_picked: Vec<&str> = answer
+            .picked
+            .iter()
+            .map(|p| p.split('/').next().unwrap())
+            .collect();
+        assert!(
+            roles_picked.contains(&"prefill") && roles_picked.contains(&"decode"),
+            "{name}: picked {:?}",
+            answer.picked
+        );
+        let ok = gateway
+            .metric(&format!(
+                "infera_pd_requests_total{{protocol=\"{protocol}\",outcome=\"ok\"}}"
+            ))
+            .await
+            .unwrap();
+        assert!(ok >= 1.0, "{name}: no {protocol} request counted as ok");
+        if flavor_is_atom(name) {
+            let chat = gateway
+                .post(
+                    "/v1/chat/completions",
+                    &json!({"model": model, "max_tokens": 4,
+                            "messages": [{"role": "user", "content": "chat?"}]}),
+                )
+                .await
+                .unwrap();
+            assert_eq!(chat.status, 400, "{name}: {}", chat.body);
+            assert!(
+                chat.body["error"]["message"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("completions"),
+                "{name}: {}",
+                chat.body
+            );
+        }
+    }
+    let foreign = cluster.foreign_status_writers(&ns).await.unwrap();
+    assert!(foreign.is_empty(), "{foreign:?}");
+}
+
+fn flavor_is_atom(name: &str) -> bool {
+    name == "pd-atom"
+}
+
+/// The keys under `prefix` in the chart's etcd, read from its pod over the v3 JSON API.
+async fn etcd_keys(cluster: &Cluster, prefix: &str) -> Result<Vec<String>, String> {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let pod = cluster
+        .get_json(&["get", "pod", "infera-etcd-0", "-n", RELEASE_NAMESPACE])
+        .await
+        .map_err(|e| e.to_string())?;
+    let ip = pod["status"]["podIP"]
+        .as_str()
+        .ok_or("no pod IP")?
+        .to_owned();
+    let mut end = prefix.as_bytes().to_vec();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    let body = json!({"key": b64.encode(prefix), "range_end": b64.encode(&end), "keys_only": true});
+    let answer: Value = reqwest::Client::new()
+        .post(format!("http://{ip}:2379/v3/kv/range"))
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .json()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(answer["kvs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|kv| kv["key"].as_str())
+        .filter_map(|k| b64.decode(k).ok())
+        .map(|k| String::from_utf8_lossy(&k).into_owned())
+        .collect())
+}
+
+#[tokio::test]
+async fn mixed_workers_registered_in_the_charts_etcd_serve() {
+    let cluster = Cluster::connect().await.unwrap();
+    let ns = cluster.namespace("e2e-etcd").await.unwrap();
+    let ns = ns.name.clone();
+    let manifest = format!(
+        "apiVersion: infera.amd.com/v1alpha1
+kind: InferaDeployment
+metadata: {{name: sim-etcd}}
+spec:
+  replicas: 2
+  model: {{name: sim-etcd-model, source: {{hostPath: {{path: /models/none}}}}}}
+  engine: {{kind: sim}}
+  discovery: {{backend: etcd}}
+  {SMALL_GATEWAY}
+"
+    );
+    cluster.apply(&ns, &manifest).await.unwrap();
+    cluster.wait_ready(&ns, "sim-etcd").await.unwrap();
+    // Each sidecar registered its pod's worker under a lease, at the pod's address.
+    let pods = cluster.engine_pods(&ns, "sim-etcd").await.unwrap();
+    let keys = eventually(
+        &cluster,
+        &ns,
+        "two worker records in etcd",
+        ROLLOUT,
+        || async {
+            let keys = etcd_keys(&cluster, "/infera/workers/").await?;
+            let ours: Vec<String> = pods
+                .iter()
+                .filter_map(|p| p["status"]["podIP"].as_str())
+                .map(|ip| format!("/infera/workers/{ip}:8000"))
+                .filter(|k| keys.contains(k))
+                .collect();
+            if ours.len() == 2 {
+                Ok(ours)
+            } else {
+                Err(format!("keys {keys:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    println!("records: {keys:?}");
+    let gateway = cluster
+        .gateway_on_node_port(&ns, "sim-etcd", 2)
+        .await
+        .unwrap();
+    for i in 0..4 {
+        let answer = gateway
+            .post(
+                "/v1/chat/completions",
+                &json!({"model": "sim-etcd-model", "max_tokens": 4,
+                        "messages": [{"role": "user", "content": format!("etcd {i}")}]}),
+            )
+            .await
+            .unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+    // Deleting the deployment deregisters its workers (leases revoked on drain).
+    cluster
+        .kubectl(&[
+            "delete",
+            "idep",
+            "sim-etcd",
+            "-n",
+            &ns,
+            "--wait=true",
+            "--timeout=120s",
+        ])
+        .await
+        .unwrap();
+    eventually(
+        &cluster,
+        &ns,
+        "the records gone from etcd",
+        ROLLOUT,
+        || async {
+            let left: Vec<String> = etcd_keys(&cluster, "/infera/workers/")
+                .await?
+                .into_iter()
+                .filter(|k| keys.contains(k))
+                .collect();
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("left {left:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+}
