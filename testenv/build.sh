@@ -4,8 +4,8 @@
 # then prints one `NAME=PATH` line per binary. Idempotent: a binary already in the cache
 # is not rebuilt, so a second run takes well under a second.
 #
-# The control plane: kube-apiserver, etcd, nats-server, helm, kubectl. The one-node
-# cluster of scripts/cluster: kube-controller-manager, kube-scheduler, kubelet and
+# The control plane (always): kube-apiserver, etcd, nats-server, helm, kubectl. With
+# --node, also the one-node cluster of scripts/cluster: kube-controller-manager, kube-scheduler, kubelet and
 # kube-proxy (the kube-apiserver's module and version), CoreDNS (testenv/coredns), the
 # sandbox's pause process (testenv/pause), a device plugin for fake AMD GPUs and RDMA
 # NICs (testenv/device-plugin), and a stand-in for the Hugging Face Hub's file API
@@ -14,6 +14,7 @@
 #
 #   testenv/build.sh            build what is missing, print NAME=PATH lines
 #   testenv/build.sh --env      print `export INFERA_TESTENV_<NAME>=PATH` lines
+#   testenv/build.sh --node     the node's binaries too (either form)
 #
 # INFERA_TESTENV_CACHE overrides the cache folder (default ~/.cache/infera-testenv).
 set -euo pipefail
@@ -27,7 +28,15 @@ COREDNS_VERSION=v1.14.1  # testenv/coredns/go.mod pins it (client-go 0.34: one m
 
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${INFERA_TESTENV_CACHE:-$HOME/.cache/infera-testenv}
-mode=${1:-}
+env_lines=0
+with_node=0
+for arg in "$@"; do
+    case "$arg" in
+        --env) env_lines=1 ;;
+        --node) with_node=1 ;;
+        *) echo "usage: testenv/build.sh [--env] [--node]" >&2; exit 2 ;;
+    esac
+done
 
 log() { echo "testenv: $*" >&2; }
 
@@ -74,26 +83,27 @@ nats=$(build nats-server "$NATS_VERSION" github.com/nats-io/nats-server/v2)
 helm=$(build helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm)
 kubectl=$(build kubectl "$KUBE_VERSION" kubectl \
     "-X $kv.gitVersion=$KUBE_VERSION -X $kv.gitMajor=1 -X $kv.gitMinor=$minor")
-# The node and its controllers, from the kube-apiserver's module (same dependency graph).
-node=()
-for name in kube-controller-manager kube-scheduler kubelet kube-proxy; do
-    node+=("$(build "$name" "$KUBE_VERSION" kube-apiserver \
-        "-X $kv.gitVersion=$KUBE_VERSION -X $kv.gitMajor=1 -X $kv.gitMinor=$minor" \
-        "k8s.io/kubernetes/cmd/$name")")
-done
-# Static: pause runs alone in a FROM-scratch image; CoreDNS, as the real releases are.
-coredns=$(CGO_ENABLED=0 build coredns "$COREDNS_VERSION-$(src_key coredns)" coredns)
-pause=$(CGO_ENABLED=0 build pause "3.10-$(src_key pause)" pause "-X main.version=3.10")
-device_plugin=$(build device-plugin "$(src_key device-plugin)" device-plugin)
-hf_hub=$(CGO_ENABLED=0 build hf-hub "$(src_key hf-hub)" hf-hub)
-lws=$(CGO_ENABLED=0 build lws "$LWS_VERSION" lws \
-    "-X sigs.k8s.io/lws/pkg/version.GitVersion=$LWS_VERSION" sigs.k8s.io/lws/cmd)
+pairs=("KUBE_APISERVER=$apiserver" "ETCD=$etcd" "NATS_SERVER=$nats" "HELM=$helm" "KUBECTL=$kubectl")
+if [ "$with_node" = 1 ]; then
+    # The node and its controllers, from the kube-apiserver's module (same dependency graph).
+    for name in kube-controller-manager kube-scheduler kubelet kube-proxy; do
+        path=$(build "$name" "$KUBE_VERSION" kube-apiserver \
+            "-X $kv.gitVersion=$KUBE_VERSION -X $kv.gitMajor=1 -X $kv.gitMinor=$minor" \
+            "k8s.io/kubernetes/cmd/$name")
+        upper=$(echo "$name" | tr 'a-z-' 'A-Z_')
+        pairs+=("$upper=$path")
+    done
+    # Static: pause runs alone in a FROM-scratch image; CoreDNS, as the real releases are.
+    pairs+=("COREDNS=$(CGO_ENABLED=0 build coredns "$COREDNS_VERSION-$(src_key coredns)" coredns)")
+    pairs+=("PAUSE=$(CGO_ENABLED=0 build pause "3.10-$(src_key pause)" pause "-X main.version=3.10")")
+    pairs+=("DEVICE_PLUGIN=$(build device-plugin "$(src_key device-plugin)" device-plugin)")
+    pairs+=("HF_HUB=$(CGO_ENABLED=0 build hf-hub "$(src_key hf-hub)" hf-hub)")
+    pairs+=("LWS=$(CGO_ENABLED=0 build lws "$LWS_VERSION" lws \
+        "-X sigs.k8s.io/lws/pkg/version.GitVersion=$LWS_VERSION" sigs.k8s.io/lws/cmd)")
+fi
 
-for pair in "KUBE_APISERVER=$apiserver" "ETCD=$etcd" "NATS_SERVER=$nats" "HELM=$helm" \
-    "KUBECTL=$kubectl" "KUBE_CONTROLLER_MANAGER=${node[0]}" "KUBE_SCHEDULER=${node[1]}" \
-    "KUBELET=${node[2]}" "KUBE_PROXY=${node[3]}" "COREDNS=$coredns" "PAUSE=$pause" \
-    "DEVICE_PLUGIN=$device_plugin" "HF_HUB=$hf_hub" "LWS=$lws"; do
-    if [ "$mode" = "--env" ]; then
+for pair in "${pairs[@]}"; do
+    if [ "$env_lines" = 1 ]; then
         echo "export INFERA_TESTENV_$pair"
     else
         echo "$pair"

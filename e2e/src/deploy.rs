@@ -24,7 +24,10 @@ impl Cluster {
         let mut full: Vec<&str> = args.to_vec();
         full.extend(["-o", "json"]);
         let text = self.kubectl(&full).await?;
-        serde_json::from_str(&text).map_err(|e| E2eError::Http(format!("{e}: {text}")))
+        serde_json::from_str(&text).map_err(|e| E2eError::Decode {
+            what: format!("kubectl {}", args.join(" ")),
+            message: format!("{e}: {text}"),
+        })
     }
 
     /// `kubectl apply -n NAMESPACE -f -` of `manifest`.
@@ -136,6 +139,84 @@ impl Cluster {
             }
         })
         .await
+    }
+
+    /// Who holds the operator's Lease (`<pod>_<n>`; empty when nobody does).
+    pub async fn operator_leader(&self) -> Result<String, E2eError> {
+        let lease = self
+            .get_json(&[
+                "get",
+                "lease",
+                "infera-operator",
+                "-n",
+                crate::RELEASE_NAMESPACE,
+            ])
+            .await?;
+        Ok(lease["spec"]["holderIdentity"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned())
+    }
+
+    /// Reconciles the leading operator has finished since it started, from its `/metrics` (reached at its
+    /// pod's address: the tests run on the node).
+    pub async fn operator_reconciles(&self) -> Result<f64, E2eError> {
+        let leader = self.operator_leader().await?;
+        let pod = leader.split('_').next().unwrap_or_default();
+        let pod = self
+            .get_json(&["get", "pod", pod, "-n", crate::RELEASE_NAMESPACE])
+            .await?;
+        let ip = pod["status"]["podIP"].as_str().unwrap_or_default();
+        let text = crate::http()
+            .get(format!("http://{ip}:8080/metrics"))
+            .send()
+            .await
+            .map_err(|e| E2eError::Http(format!("the operator's metrics: {e}")))?
+            .text()
+            .await
+            .map_err(|e| E2eError::Http(e.to_string()))?;
+        Ok(text
+            .lines()
+            .filter(|l| l.starts_with("infera_operator_reconciles_total{"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum())
+    }
+
+    /// Waits until a leader that took over has reconciled every InferaDeployment of the
+    /// cluster at least once (a new leader lists them all when it starts, and its counter
+    /// starts at 0): what it renders is then in place.
+    pub async fn wait_leader_caught_up(&self, namespace: &str) -> Result<(), E2eError> {
+        let deployments = self.get_json(&["get", "idep", "--all-namespaces"]).await?;
+        let count = deployments["items"].as_array().map_or(0, Vec::len) as f64;
+        let what = format!("the leader reconciling all {count} deployments");
+        eventually(self, namespace, &what, ROLLOUT, || async {
+            let done = self
+                .operator_reconciles()
+                .await
+                .map_err(|e| e.to_string())?;
+            if done >= count {
+                Ok(())
+            } else {
+                Err(format!("{done} reconciles"))
+            }
+        })
+        .await
+    }
+
+    /// `kubectl delete idep NAME`, waiting (bounded) until it is gone; its children go
+    /// by garbage collection after that.
+    pub async fn delete_deployment(&self, namespace: &str, name: &str) -> Result<(), E2eError> {
+        self.kubectl(&[
+            "delete",
+            "idep",
+            name,
+            "-n",
+            namespace,
+            "--wait=true",
+            "--timeout=120s",
+        ])
+        .await
+        .map(|_| ())
     }
 
     /// Every `resource/object: manager` of `namespace` whose status was written by a

@@ -140,23 +140,10 @@ impl Gateway {
 
 /// `role/worker_id` -> count, from `infera_router_picks_total` samples.
 pub fn parse_picks(metrics: &str) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("infera_router_picks_total{role=\"") else {
-            continue;
-        };
-        let Some((role, rest)) = rest.split_once("\",worker_id=\"") else {
-            continue;
-        };
-        let Some((worker, count)) = rest.split_once("\"} ") else {
-            continue;
-        };
-        out.insert(
-            format!("{role}/{worker}"),
-            count.trim().parse().unwrap_or(0),
-        );
-    }
-    out
+    infera_gateway::metrics::parse_picks(metrics)
+        .into_iter()
+        .map(|((role, worker), n)| (format!("{role}/{worker}"), n))
+        .collect()
 }
 
 /// The value of the sample written exactly as `sample` (name and labels), 0 when absent.

@@ -73,6 +73,14 @@ pub enum E2eError {
     /// A request to a gateway or a pod failed.
     #[error("{0}")]
     Http(String),
+    /// kubectl's or a server's output was not the JSON expected.
+    #[error("decoding {what}: {message}")]
+    Decode {
+        /// What was read.
+        what: String,
+        /// Why it did not decode.
+        message: String,
+    },
 }
 
 /// The running test cluster.
@@ -204,7 +212,10 @@ impl Cluster {
             ])
             .await?;
         let list: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| E2eError::Http(e.to_string()))?;
+            serde_json::from_str(&text).map_err(|e| E2eError::Decode {
+                what: format!("kubectl get {resource}"),
+                message: e.to_string(),
+            })?;
         let mut out = Vec::new();
         for item in list["items"].as_array().into_iter().flatten() {
             let name = item["metadata"]["name"].as_str().unwrap_or("?").to_owned();
@@ -239,7 +250,14 @@ impl Drop for TestNamespace {
             let _ = Command::new(bin)
                 .arg("--kubeconfig")
                 .arg(&self.kubeconfig)
-                .args(["delete", "namespace", &self.name, "--wait=false"])
+                // Waiting (bounded): the next test starts on a node this one has left.
+                .args([
+                    "delete",
+                    "namespace",
+                    &self.name,
+                    "--wait=true",
+                    "--timeout=180s",
+                ])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status();
@@ -276,6 +294,15 @@ where
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// An HTTP client whose every request is bounded (10 s): a probe of a pod that drops
+/// packets fails instead of hanging a test.
+pub fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap_or_default()
 }
 
 /// The repository root.

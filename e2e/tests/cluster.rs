@@ -41,16 +41,30 @@ fn started_at(statuses: &Value, name: &str) -> String {
 async fn the_chart_runs_the_operator_etcd_and_nats_as_pods() {
     let cluster = Cluster::connect().await.unwrap();
     let ns = RELEASE_NAMESPACE;
-    let deploy = cluster
-        .get_json(&["get", "deployment", "infera-operator", "-n", ns])
-        .await
-        .unwrap();
-    let replicas = deploy["spec"]["replicas"].as_i64().unwrap();
-    assert_eq!(
-        deploy["status"]["readyReplicas"].as_i64(),
-        Some(replicas),
-        "{deploy}"
-    );
+    // Every operator replica Ready (a test before may have rolled them).
+    eventually(
+        &cluster,
+        ns,
+        "the operator's replicas Ready",
+        ROLLOUT,
+        || async {
+            let deploy = cluster
+                .get_json(&["get", "deployment", "infera-operator", "-n", ns])
+                .await
+                .map_err(|e| e.to_string())?;
+            let (want, ready) = (
+                &deploy["spec"]["replicas"],
+                &deploy["status"]["readyReplicas"],
+            );
+            if want.as_i64().is_some() && want == ready && deploy["status"]["replicas"] == *want {
+                Ok(())
+            } else {
+                Err(format!("{}", deploy["status"]))
+            }
+        },
+    )
+    .await
+    .unwrap();
     let pods = cluster
         .get_json(&[
             "get",
@@ -87,14 +101,7 @@ async fn the_chart_runs_the_operator_etcd_and_nats_as_pods() {
         "an operator holding the Lease",
         ROLLOUT,
         || async {
-            let lease = cluster
-                .get_json(&["get", "lease", "infera-operator", "-n", ns])
-                .await
-                .map_err(|e| e.to_string())?;
-            let holder = lease["spec"]["holderIdentity"]
-                .as_str()
-                .unwrap_or("")
-                .to_owned();
+            let holder = cluster.operator_leader().await.map_err(|e| e.to_string())?;
             if names.iter().any(|n| holder.contains(n)) {
                 Ok(holder)
             } else {
@@ -124,7 +131,9 @@ async fn the_chart_runs_the_operator_etcd_and_nats_as_pods() {
             .await
             .unwrap();
         let ip = pod["status"]["podIP"].as_str().unwrap();
-        let body = reqwest::get(format!("http://{ip}:{port}{path}"))
+        let body = infera_e2e::http()
+            .get(format!("http://{ip}:{port}{path}"))
+            .send()
             .await
             .unwrap()
             .text()

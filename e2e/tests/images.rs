@@ -67,7 +67,7 @@ async fn images_push_to_a_registry_and_run_as_the_chart_declares() {
         &dir.path().join("registry.log"),
     )
     .unwrap();
-    let http = reqwest::Client::new();
+    let http = infera_e2e::http();
     let base = format!("http://127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(30);
     while http.get(format!("{base}/v2/")).send().await.is_err() {

@@ -10,7 +10,7 @@
 
 use infera_e2e::deploy::ROLLOUT;
 use infera_e2e::gateway::Gateway;
-use infera_e2e::load::Load;
+use infera_e2e::load::{Load, LoadReport};
 use infera_e2e::{Cluster, RELEASE_NAMESPACE, eventually};
 use serde_json::Value;
 use std::collections::BTreeSet;
@@ -38,6 +38,18 @@ fn pod_names(pods: &[Value]) -> BTreeSet<String> {
     pods.iter()
         .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
         .collect()
+}
+
+/// Prints a step's figures (requests answered and failed, with the failures) and hands
+/// the report back for the step's assertion.
+fn show(step: &str, report: LoadReport, figures: &str) -> LoadReport {
+    println!(
+        "{step}: {} ok, {} failed, {figures}; failures: {:?}",
+        report.ok,
+        report.failed.len(),
+        report.failed
+    );
+    report
 }
 
 /// Runs the load for `seconds` more, so new and remaining workers take requests.
@@ -248,10 +260,10 @@ async fn faults_under_load_lose_at_most_what_was_in_flight() {
     settle(3).await;
     let took = delete_and_recover(&cluster, &ns, &gateway, "faults-mixed-0", &[], 3).await;
     let report = load.stop().await;
-    println!(
-        "graceful delete: {} ok, {} failed, back to 3 workers in {took:.1?}",
-        report.ok,
-        report.failed.len()
+    let report = show(
+        "graceful delete",
+        report,
+        &format!("back to 3 workers in {took:.1?}"),
     );
     assert!(
         report.failed.is_empty(),
@@ -273,11 +285,10 @@ async fn faults_under_load_lose_at_most_what_was_in_flight() {
     .await;
     settle(2).await;
     let report = load.stop().await;
-    println!(
-        "forced delete: {} ok, {} failed, back to 3 workers in {took:.1?} {:?}",
-        report.ok,
-        report.failed.len(),
-        report.failed
+    let report = show(
+        "forced delete",
+        report,
+        &format!("back to 3 workers in {took:.1?}"),
     );
     assert!(
         report.failed.len() <= CLIENTS,
@@ -313,11 +324,10 @@ async fn faults_under_load_lose_at_most_what_was_in_flight() {
     let gone = started.elapsed();
     settle(3).await;
     let report = load.stop().await;
-    println!(
-        "gateway pod deleted in {gone:.1?}: {} ok, {} failed {:?}",
-        report.ok,
-        report.failed.len(),
-        report.failed
+    let report = show(
+        "gateway pod deleted",
+        report,
+        &format!("gone in {gone:.1?}"),
     );
     // The stopping gateway stays up, unready and closing connections, until the Service
     // has dropped it (`--shutdown-delay-s`): no client is refused.
@@ -383,13 +393,15 @@ async fn faults_under_load_lose_at_most_what_was_in_flight() {
     .await
     .unwrap();
     let etcd_back = started.elapsed();
+    // The load goes on across the sidecars' next lease keepalive (every 10 s), which
+    // meets the restarted etcd.
     settle(12).await;
     cluster.wait_active_workers(&ns, &gateway, 3).await.unwrap();
     let report = load.stop().await;
-    println!(
-        "etcd restarted, ready in {etcd_back:.1?}: {} ok, {} failed",
-        report.ok,
-        report.failed.len()
+    let report = show(
+        "etcd restarted",
+        report,
+        &format!("ready in {etcd_back:.1?}"),
     );
     assert!(
         report.failed.is_empty(),
@@ -424,11 +436,7 @@ async fn faults_under_load_lose_at_most_what_was_in_flight() {
         children("deployments").await,
         children("services").await,
     ];
-    let lease = cluster
-        .get_json(&["get", "lease", "infera-operator", "-n", RELEASE_NAMESPACE])
-        .await
-        .unwrap();
-    let leader = lease["spec"]["holderIdentity"].as_str().unwrap().to_owned();
+    let leader = cluster.operator_leader().await.unwrap();
     let leader_pod = leader.split('_').next().unwrap().to_owned();
     let started = Instant::now();
     cluster
@@ -449,14 +457,7 @@ async fn faults_under_load_lose_at_most_what_was_in_flight() {
         "a new leader",
         ROLLOUT,
         || async {
-            let lease = cluster
-                .get_json(&["get", "lease", "infera-operator", "-n", RELEASE_NAMESPACE])
-                .await
-                .map_err(|e| e.to_string())?;
-            let holder = lease["spec"]["holderIdentity"]
-                .as_str()
-                .unwrap_or("")
-                .to_owned();
+            let holder = cluster.operator_leader().await.map_err(|e| e.to_string())?;
             if !holder.is_empty() && !holder.starts_with(&leader_pod) {
                 Ok(holder)
             } else {
@@ -468,19 +469,7 @@ async fn faults_under_load_lose_at_most_what_was_in_flight() {
     .unwrap();
     let took_over = started.elapsed();
     // Let the new leader reconcile everything once, then compare.
-    cluster
-        .kubectl(&[
-            "annotate",
-            "idep",
-            "faults",
-            "-n",
-            &ns,
-            "e2e/nudge=1",
-            "--overwrite",
-        ])
-        .await
-        .unwrap();
-    settle(5).await;
+    cluster.wait_leader_caught_up(&ns).await.unwrap();
     let after: Vec<_> = vec![
         children("statefulsets").await,
         children("deployments").await,
@@ -522,18 +511,7 @@ async fn deleting_a_deployment_collects_every_child() {
         );
     }
     let started = Instant::now();
-    cluster
-        .kubectl(&[
-            "delete",
-            "idep",
-            "doomed",
-            "-n",
-            &ns,
-            "--wait=true",
-            "--timeout=120s",
-        ])
-        .await
-        .unwrap();
+    cluster.delete_deployment(&ns, "doomed").await.unwrap();
     eventually(&cluster, &ns, "every child collected", ROLLOUT, || async {
         let mut left = Vec::new();
         for kind in owned

@@ -226,18 +226,7 @@ async fn a_hugging_face_model_is_downloaded_in_the_cluster_before_workers_start(
     assert_eq!(answer.status, 200, "{}", answer.body);
 
     // Deleting the deployment collects its children and keeps the cache.
-    cluster
-        .kubectl(&[
-            "delete",
-            "idep",
-            "downloaded",
-            "-n",
-            &ns,
-            "--wait=true",
-            "--timeout=120s",
-        ])
-        .await
-        .unwrap();
+    cluster.delete_deployment(&ns, "downloaded").await.unwrap();
     eventually(&cluster, &ns, "the workers gone", ROLLOUT, || async {
         let pods = cluster
             .engine_pods(&ns, "downloaded")

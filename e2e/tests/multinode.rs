@@ -273,11 +273,12 @@ async fn a_two_node_worker_runs_as_a_leader_worker_set_and_serves_through_its_le
         foreign.is_empty(),
         "status written by non-controllers: {foreign:?}"
     );
-    for (object, manager) in cluster
+    let lws_writers = cluster
         .status_writers("leaderworkersets", &ns)
         .await
-        .unwrap()
-    {
+        .unwrap();
+    assert!(!lws_writers.is_empty(), "LWS wrote no status");
+    for (object, manager) in lws_writers {
         assert_eq!(manager, "lws", "leaderworkerset/{object}");
     }
     println!(

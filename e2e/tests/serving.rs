@@ -198,7 +198,7 @@ async fn etcd_keys(cluster: &Cluster, prefix: &str) -> Result<Vec<String>, Strin
         *last += 1;
     }
     let body = json!({"key": b64.encode(prefix), "range_end": b64.encode(&end), "keys_only": true});
-    let answer: Value = reqwest::Client::new()
+    let answer: Value = infera_e2e::http()
         .post(format!("http://{ip}:2379/v3/kv/range"))
         .json(&body)
         .send()
@@ -277,23 +277,14 @@ spec:
         assert_eq!(answer.status, 200, "{}", answer.body);
     }
     // Deleting the deployment deregisters its workers (leases revoked on drain).
-    cluster
-        .kubectl(&[
-            "delete",
-            "idep",
-            "sim-etcd",
-            "-n",
-            &ns,
-            "--wait=true",
-            "--timeout=120s",
-        ])
-        .await
-        .unwrap();
+    cluster.delete_deployment(&ns, "sim-etcd").await.unwrap();
+    // Well within the 30 s lease: the draining sidecars revoke theirs, the records do not
+    // merely expire.
     eventually(
         &cluster,
         &ns,
         "the records gone from etcd",
-        ROLLOUT,
+        std::time::Duration::from_secs(20),
         || async {
             let left: Vec<String> = etcd_keys(&cluster, "/infera/workers/")
                 .await?

@@ -156,14 +156,7 @@ spec:
                 .filter(|p| p["spec"]["containers"][0]["image"] == rebuilt.as_str())
                 .filter_map(|p| p["metadata"]["name"].as_str())
                 .collect();
-            let lease = cluster
-                .get_json(&["get", "lease", "infera-operator", "-n", RELEASE_NAMESPACE])
-                .await
-                .map_err(|e| e.to_string())?;
-            let holder = lease["spec"]["holderIdentity"]
-                .as_str()
-                .unwrap_or("")
-                .to_owned();
+            let holder = cluster.operator_leader().await.map_err(|e| e.to_string())?;
             if upgraded.len() == pods.len() && upgraded.iter().any(|p| holder.starts_with(p)) {
                 Ok(holder)
             } else {
@@ -178,19 +171,7 @@ spec:
     .unwrap();
     let upgraded_in = started.elapsed();
     // The new leader renders the deployment again (a change to its metadata wakes it).
-    cluster
-        .kubectl(&[
-            "annotate",
-            "idep",
-            "upgraded",
-            "-n",
-            &ns,
-            "e2e/nudge=1",
-            "--overwrite",
-        ])
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    cluster.wait_leader_caught_up(&ns).await.unwrap();
 
     // The CRDs re-applied as an upgrade does.
     let kubeconfig = cluster.kubeconfig().display().to_string();

@@ -228,7 +228,7 @@ pub struct GatewayConfig {
     /// Seconds to keep serving after SIGTERM before the listener closes: meanwhile
     /// `/ready` answers 503 and every response closes its connection, so a load balancer
     /// (a Kubernetes Service) stops sending here and clients reconnect elsewhere before
-    /// anything is refused. The operator renders 5; 0 stops accepting at once.
+    /// anything is refused. The operator renders 10; 0 stops accepting at once.
     #[arg(long, env = "INFERA_SHUTDOWN_DELAY_S", default_value_t = 0.0)]
     pub shutdown_delay_s: f64,
 }

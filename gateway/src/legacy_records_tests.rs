@@ -26,27 +26,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 fn testdata(name: &str) -> Value {
-    let path = format!(
-        "{}/../proto/testdata/legacy_records/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+    infera_testkit::legacy_records::load(name).unwrap()
 }
 
 fn corpus() -> Vec<Map<String, Value>> {
-    testdata("corpus.json")
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e.as_object().unwrap().clone())
-        .collect()
+    infera_testkit::legacy_records::corpus().unwrap()
 }
 
 fn entry(name: &str) -> Map<String, Value> {
-    corpus()
-        .into_iter()
-        .find(|e| e["name"] == json!(name))
-        .unwrap_or_else(|| panic!("no corpus entry {name}"))
+    infera_testkit::legacy_records::entry(name).unwrap()
 }
 
 fn record_json(e: &Map<String, Value>) -> &str {

@@ -570,6 +570,29 @@ fn render_pd(out: &mut String, m: &Inner) {
     );
 }
 
+/// Reads `infera_router_picks_total{role, worker_id}` back from a `/metrics` text:
+/// `(role, worker_id)` to count. For clients that tell where requests went (`infera up
+/// --check`, the end-to-end tests).
+pub fn parse_picks(metrics: &str) -> BTreeMap<(String, String), u64> {
+    let mut out = BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("infera_router_picks_total{role=\"") else {
+            continue;
+        };
+        let Some((role, rest)) = rest.split_once("\",worker_id=\"") else {
+            continue;
+        };
+        let Some((worker, count)) = rest.split_once("\"} ") else {
+            continue;
+        };
+        out.insert(
+            (role.to_owned(), worker.to_owned()),
+            count.trim().parse().unwrap_or(0),
+        );
+    }
+    out
+}
+
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");

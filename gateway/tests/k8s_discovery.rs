@@ -95,14 +95,7 @@ async fn start_k8s_gw(ns: &str, selector: &str) -> infera_gateway::server::Runni
 
 /// The gateway's `/v1/workers` entries by worker id.
 async fn listed(http: &reqwest::Client, gw: &infera_gateway::server::RunningGateway) -> Value {
-    let body: Value = http
-        .get(gw_url(gw, "/v1/workers"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let body: Value = get_json(http, gw, "/v1/workers").await;
     let by_id = body["workers"]
         .as_array()
         .unwrap()

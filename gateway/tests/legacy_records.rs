@@ -24,17 +24,7 @@ const LEGACY_MODEL: &str = "Qwen/Qwen3-0.6B";
 
 /// The record bytes of a corpus entry, and its worker id.
 fn corpus_record(name: &str) -> (String, String) {
-    let path = format!(
-        "{}/../proto/testdata/legacy_records/corpus.json",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let corpus: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let e = corpus
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["name"] == json!(name))
-        .unwrap();
+    let e = infera_testkit::legacy_records::entry(name).unwrap();
     let bytes = e["record_json"].as_str().unwrap().to_owned();
     let id: Value = serde_json::from_str(&bytes).unwrap();
     (bytes, id["worker_id"].as_str().unwrap().to_owned())
@@ -108,14 +98,7 @@ async fn the_earlier_launchers_mixed_and_atom_records_route_end_to_end() {
     }
 
     // What operators' scripts read back, under the earlier names.
-    let workers: Value = http
-        .get(gw_url(&gw, "/v1/workers"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let workers: Value = get_json(&http, &gw, "/v1/workers").await;
     let by_id = |addr: &str| {
         workers["workers"]
             .as_array()
@@ -138,14 +121,7 @@ async fn the_earlier_launchers_mixed_and_atom_records_route_end_to_end() {
     );
     assert_eq!(v["kv_block_size"], 16);
     assert_eq!(a["kv_events_endpoint"], Value::Null);
-    let health: Value = http
-        .get(gw_url(&gw, "/health"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let health: Value = get_json(&http, &gw, "/health").await;
     assert_eq!(health, json!({"status": "ok", "active_workers": 2}));
 
     // The ATOM launcher's lease goes: its worker leaves routing.

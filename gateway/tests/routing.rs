@@ -78,14 +78,7 @@ async fn a_revoked_lease_takes_the_worker_out_of_routing() {
         assert_eq!(r.status(), 200);
     }
     assert_eq!((served(&a), served(&b)), (0, 6));
-    let workers: Value = http
-        .get(gw_url(&gw, "/v1/workers"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let workers: Value = get_json(&http, &gw, "/v1/workers").await;
     assert_eq!(workers["workers"].as_array().unwrap().len(), 1);
     assert_eq!(workers["workers"][0]["worker_id"], b.addr.to_string());
 }
@@ -129,14 +122,7 @@ async fn failover_before_the_first_byte_and_the_breaker_opens() {
         );
     }
     assert_eq!(served(&b), 12, "every request ends on the healthy worker");
-    let workers: Value = http
-        .get(gw_url(&gw, "/v1/workers"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let workers: Value = get_json(&http, &gw, "/v1/workers").await;
     for w in workers["workers"].as_array().unwrap() {
         let expected = if w["worker_id"] == b.addr.to_string() {
             "closed"

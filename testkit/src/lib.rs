@@ -12,6 +12,7 @@
 pub mod binaries;
 pub mod etcd;
 pub mod kube_apiserver;
+pub mod legacy_records;
 pub mod model_files;
 pub mod nats;
 pub mod process;

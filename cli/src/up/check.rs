@@ -6,7 +6,7 @@ use super::local::LocalCluster;
 use anyhow::{Context, Result};
 use infera_operator::api::RoutingPolicy;
 use serde_json::{Value, json};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 const SYSTEM_A: &str = "You are the on-call assistant of a GPU inference platform. Answer in one short paragraph, cite the relevant runbook section, prefer commands the operator can paste, and say when a question needs a human. The platform runs vLLM, SGLang and ATOM engines on AMD MI355X nodes with AINIC RDMA networking.";
 const SYSTEM_B: &str = "You are a travel agent for a small company. Keep answers to three sentences, list prices in euros, and always mention the cancellation policy before confirming anything.";
@@ -37,7 +37,7 @@ const PROBES: [Probe; 4] = [
 ];
 
 /// The gateway's picks so far, `(role, worker) -> count`, from its `/metrics`.
-async fn picks(client: &reqwest::Client, base: &str) -> Result<HashMap<(String, String), u64>> {
+async fn picks(client: &reqwest::Client, base: &str) -> Result<BTreeMap<(String, String), u64>> {
     let text = client
         .get(format!("{base}/metrics"))
         .send()
@@ -45,23 +45,7 @@ async fn picks(client: &reqwest::Client, base: &str) -> Result<HashMap<(String, 
         .context("reading the gateway's metrics")?
         .text()
         .await?;
-    let mut out = HashMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("infera_router_picks_total{role=\"") else {
-            continue;
-        };
-        let Some((role, rest)) = rest.split_once("\",worker_id=\"") else {
-            continue;
-        };
-        let Some((worker, count)) = rest.split_once("\"} ") else {
-            continue;
-        };
-        out.insert(
-            (role.to_owned(), worker.to_owned()),
-            count.trim().parse().unwrap_or(0),
-        );
-    }
-    Ok(out)
+    Ok(infera_gateway::metrics::parse_picks(&text))
 }
 
 /// Sends the probes for `model`; returns whether every one succeeded.

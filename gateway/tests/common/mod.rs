@@ -137,6 +137,21 @@ pub fn gw_url(gw: &RunningGateway, path: &str) -> String {
     format!("http://{}{path}", gw.addr)
 }
 
+/// `GET path` on the gateway, as JSON.
+pub async fn get_json(
+    http: &reqwest::Client,
+    gw: &RunningGateway,
+    path: &str,
+) -> serde_json::Value {
+    http.get(gw_url(gw, path))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// A chat request body.
 pub fn chat(content: &str, max_tokens: u64) -> serde_json::Value {
     serde_json::json!({"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens})

@@ -291,20 +291,21 @@ fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::from_second(ts.as_second()).unwrap_or(ts))
 }
 
-/// Writes the status when it changed; returns whether the deployment is `Ready`. Ready
-/// turning true is a Normal Event; a pod problem becoming the reason it is not, a
-/// Warning with that reason.
+/// Writes the status when it changed; returns the `Ready` condition's reason (`AllReady`
+/// when ready). Ready turning true is a Normal Event; a pod problem becoming the reason
+/// it is not, a Warning with that reason.
 async fn write_status(
     ctx: &Context,
     idep: &InferaDeployment,
     namespace: &str,
     obs: &Observation,
-) -> Result<bool, ReconcileError> {
+) -> Result<String, ReconcileError> {
     let new = compute_status(idep.status.as_ref(), obs, &now());
     let ready = new.conditions.iter().find(|c| c.type_ == "Ready").cloned();
     let is_ready = ready.as_ref().is_some_and(|c| c.status == "True");
+    let reason = ready.as_ref().map(|c| c.reason.clone()).unwrap_or_default();
     if idep.status.as_ref() == Some(&new) {
-        return Ok(is_ready);
+        return Ok(reason);
     }
     let previous = idep
         .status
@@ -325,7 +326,7 @@ async fn write_status(
     .await
     .map_err(|e| ReconcileError::Read("writing status", e))?;
     let Some(ready) = ready else {
-        return Ok(is_ready);
+        return Ok(reason);
     };
     let changed = previous.as_ref() != Some(&(ready.status.clone(), ready.reason.clone()));
     if changed && is_ready {
@@ -345,7 +346,22 @@ async fn write_status(
         ctx.publish(idep, problem_event(&ready.reason, &ready.message))
             .await;
     }
-    Ok(is_ready)
+    Ok(reason)
+}
+
+/// When to look at a deployment again. Owned children wake the controller when they
+/// change, but a pod that cannot be scheduled, pulled or started changes none of them:
+/// while workers or gateways are not ready, soon; a download runs its Job (which wakes
+/// the controller) but its pod's problems do not; a missing LeaderWorkerSet CRD may be
+/// installed.
+fn build_requeue(ready_reason: &str, lws_missing: bool) -> Duration {
+    match ready_reason {
+        "WorkersNotReady" | "GatewayNotReady" => NOT_READY_RECHECK,
+        r if pod_problems::PodProblemKind::REASONS.contains(&r) => NOT_READY_RECHECK,
+        "ModelDownloading" => Duration::from_secs(60),
+        _ if lws_missing => Duration::from_secs(30),
+        _ => Duration::from_secs(600),
+    }
 }
 
 async fn reconcile(
@@ -483,17 +499,8 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
         endpoint: Some(rendered.gateway_endpoint.clone()),
         pod_problems: pod_problems::build_pod_problems(&pods),
     };
-    let ready = write_status(ctx, idep, &namespace, &obs).await?;
-    // Owned children wake the controller on change, but a pod that cannot be scheduled
-    // or pulled changes none of them: while not ready, look again soon. A missing CRD
-    // may be installed.
-    Ok(Action::requeue(if !ready {
-        NOT_READY_RECHECK
-    } else if lws_missing {
-        Duration::from_secs(30)
-    } else {
-        Duration::from_secs(600)
-    }))
+    let ready_reason = write_status(ctx, idep, &namespace, &obs).await?;
+    Ok(Action::requeue(build_requeue(&ready_reason, lws_missing)))
 }
 
 fn error_policy(idep: Arc<InferaDeployment>, error: &ReconcileError, _ctx: Arc<Context>) -> Action {
@@ -584,4 +591,31 @@ pub async fn run(
         })
         .await;
     tracing::info!("controller stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn looks_again_soon_only_while_a_pod_can_tell_why() {
+        for reason in [
+            "WorkersNotReady",
+            "GatewayNotReady",
+            "Unschedulable",
+            "CrashLoopBackOff",
+        ] {
+            assert_eq!(build_requeue(reason, false), NOT_READY_RECHECK, "{reason}");
+        }
+        assert_eq!(
+            build_requeue("ModelDownloading", false),
+            Duration::from_secs(60)
+        );
+        assert_eq!(build_requeue("ScaledToZero", true), Duration::from_secs(30));
+        assert_eq!(
+            build_requeue("ScaledToZero", false),
+            Duration::from_secs(600)
+        );
+        assert_eq!(build_requeue("AllReady", false), Duration::from_secs(600));
+    }
 }

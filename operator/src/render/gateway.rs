@@ -99,8 +99,9 @@ pub fn gateway_tokenizer(spec: &InferaDeploymentSpec, model_path: &str) -> Optio
 }
 
 /// Seconds a stopping gateway keeps serving (`--shutdown-delay-s`): kube-proxy drops a
-/// terminating pod from its Service within about a second.
-const GATEWAY_SHUTDOWN_DELAY_S: u32 = 5;
+/// terminating pod from its Service within about a second on an idle node, longer on a
+/// loaded one.
+const GATEWAY_SHUTDOWN_DELAY_S: u32 = 10;
 
 /// The grace period of a gateway pod: the delay, the gateway's own 30 s for open
 /// streams (`--shutdown-grace-s`), and slack.

@@ -101,9 +101,9 @@ pub fn download(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec, done: bool) -> Optio
     if let Some(secret) = &hf.token_secret_ref {
         env.push(super::pod::secret_env("HF_TOKEN", secret));
     }
-    let image = match (&spec.engine.image, spec.engine.kind) {
-        (Some(image), kind) if kind != crate::api::EngineKind::Sim => image.clone(),
-        _ => ctx.images.downloader.clone(),
+    let (image, own_downloader) = match (&spec.engine.image, spec.engine.kind) {
+        (Some(image), kind) if kind != crate::api::EngineKind::Sim => (image.clone(), false),
+        _ => (ctx.images.downloader.clone(), true),
     };
     let job_labels = names::instance_labels(ctx.name, "model-download");
     let job = Job {
@@ -117,10 +117,13 @@ pub fn download(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec, done: bool) -> Optio
                 }),
                 spec: Some(PodSpec {
                     restart_policy: Some("OnFailure".into()),
-                    // The downloader image runs as 65532: the volume's files are made its
-                    // group's, so it can write them (engines, root, read them anyway).
-                    security_context: Some(PodSecurityContext {
+                    // Infera's downloader runs as 65532: the volume's files are made its
+                    // group's, so it can write them (engines, root, read them anyway);
+                    // checked at the volume's root only, so a resumed download of
+                    // hundreds of GB is not walked again. Vendor images run as root.
+                    security_context: own_downloader.then(|| PodSecurityContext {
                         fs_group: Some(DOWNLOADER_GID),
+                        fs_group_change_policy: Some("OnRootMismatch".into()),
                         ..Default::default()
                     }),
                     enable_service_links: Some(false),
