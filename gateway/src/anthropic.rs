@@ -1,8 +1,12 @@
 //! Anthropic Messages (`/v1/messages`) translated to OpenAI chat for the engines and
 //! back (pure): requests, whole responses, and SSE streams, tools included.
 
+use crate::validate::MAX_TOKENS_LIMIT;
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
 use infera_proto::error_class::{ApiError, ErrorClass};
 use serde_json::{Map, Value, json};
+use std::io;
 
 fn bad(message: impl Into<String>, param: &str) -> ApiError {
     ApiError::new(ErrorClass::BadRequest, message).with_param(param)
@@ -40,10 +44,10 @@ pub fn build_chat_request(body: &Value) -> Result<Map<String, Value>, ApiError> 
     let max_tokens = obj
         .get("max_tokens")
         .and_then(Value::as_u64)
-        .filter(|n| *n >= 1)
+        .filter(|n| (1..=MAX_TOKENS_LIMIT).contains(n))
         .ok_or_else(|| {
             bad(
-                "max_tokens: field required (a positive integer)",
+                format!("max_tokens: field required (a positive integer up to {MAX_TOKENS_LIMIT})"),
                 "max_tokens",
             )
         })?;
@@ -442,6 +446,63 @@ pub fn format_event(name: &str, data: &Value) -> String {
     format!("event: {name}\ndata: {data}\n\n")
 }
 
+/// Takes the first whole SSE event (through its blank line) off `buf`. Bytes are kept
+/// until then, so a character split across upstream chunks is decoded whole.
+fn take_event(buf: &mut Vec<u8>) -> Option<Vec<u8>> {
+    let end = buf.windows(2).position(|w| w == b"\n\n")? + 2;
+    Some(buf.drain(..end).collect())
+}
+
+impl StreamTranslator {
+    /// The Anthropic events for one whole OpenAI event.
+    fn on_event(&mut self, event: &[u8]) -> String {
+        let mut out = String::new();
+        for line in String::from_utf8_lossy(event).lines() {
+            if let Some(data) = line.strip_prefix("data:") {
+                for (name, value) in self.on_data(data.trim_start()) {
+                    out.push_str(&format_event(name, &value));
+                }
+            }
+        }
+        out
+    }
+
+    /// Re-frames an OpenAI SSE byte stream as Anthropic's.
+    pub fn translate<S>(self, upstream: S) -> impl Stream<Item = Result<Bytes, io::Error>> + Send
+    where
+        S: Stream<Item = Result<Bytes, io::Error>> + Send + 'static,
+    {
+        let state = (Box::pin(upstream), self, Vec::<u8>::new(), false);
+        futures::stream::unfold(state, |(mut up, mut tr, mut buf, ended)| async move {
+            if ended {
+                return None;
+            }
+            loop {
+                if let Some(event) = take_event(&mut buf) {
+                    let out = tr.on_event(&event);
+                    if !out.is_empty() {
+                        return Some((Ok(Bytes::from(out)), (up, tr, buf, false)));
+                    }
+                    continue;
+                }
+                match up.next().await {
+                    Some(Ok(chunk)) => buf.extend_from_slice(&chunk),
+                    Some(Err(e)) => return Some((Err(e), (up, tr, buf, true))),
+                    None => {
+                        let out: String = tr
+                            .finish()
+                            .into_iter()
+                            .map(|(n, v)| format_event(n, &v))
+                            .collect();
+                        return (!out.is_empty())
+                            .then(|| (Ok(Bytes::from(out)), (up, tr, buf, true)));
+                    }
+                }
+            }
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -550,5 +611,30 @@ mod tests {
             ]
         );
         assert!(t.finish().is_empty(), "finishing twice adds nothing");
+    }
+
+    #[tokio::test]
+    async fn characters_split_across_chunks_arrive_whole() {
+        let text = "你好🦄é";
+        let event = format!(
+            "data: {}\n\ndata: [DONE]\n\n",
+            json!({"choices": [{"index": 0, "delta": {"content": text}}]})
+        );
+        let bytes = event.as_bytes();
+        // Every split point, including inside each multi-byte character.
+        for cut in 1..bytes.len() {
+            let chunks = vec![
+                Ok(Bytes::copy_from_slice(&bytes[..cut])),
+                Ok(Bytes::copy_from_slice(&bytes[cut..])),
+            ];
+            let out: Vec<Result<Bytes, io::Error>> = StreamTranslator::new("m", "r")
+                .translate(futures::stream::iter(chunks))
+                .collect()
+                .await;
+            let out: Vec<u8> = out.into_iter().flat_map(|b| b.unwrap().to_vec()).collect();
+            let out = String::from_utf8(out).unwrap();
+            assert!(out.contains(text), "cut at {cut}: {out}");
+            assert!(!out.contains('\u{fffd}'), "cut at {cut}: {out}");
+        }
     }
 }

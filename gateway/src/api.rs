@@ -2,12 +2,11 @@
 //! translated, and the gateway's own `/v1/models`, `/v1/workers`, `/health`, `/ready`,
 //! `/metrics`. Errors are rendered here and only here, from [`ApiError`].
 
-use crate::anthropic::{
-    StreamTranslator, build_chat_request, build_message_response, format_event,
-};
+use crate::anthropic::{StreamTranslator, build_chat_request, build_message_response};
 use crate::config::RouterMode;
 use crate::dispatch::{DispatchContext, dispatch};
 use crate::gateway::Gateway;
+use crate::json_limits::{JsonLimits, check_json_limits};
 use crate::kv_router::{RequestBlocks, block_size_of, has_multimodal_content};
 use crate::metrics::{KvGauges, Outcome};
 use crate::pd::connectors::{PdError, PdIds, PdPair, resolve_protocol};
@@ -19,11 +18,10 @@ use crate::validate::{ApiKind, validate_request};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use futures::StreamExt;
 use infera_proto::error_class::{ApiError, ErrorClass};
 use infera_proto::retention::{Retention, overlap_weight_factor, parse_retention_hint};
 use infera_proto::worker::{DisaggMode, WorkerRecord, WorkerStatus};
@@ -59,6 +57,8 @@ pub fn build_router(gw: Shared) -> Router {
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
+        .fallback(unknown_route)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(
             gw.clone(),
             close_when_draining,
@@ -77,6 +77,33 @@ async fn close_when_draining(State(gw): State<Shared>, request: Request, next: N
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     response
+}
+
+/// The error shape a path speaks.
+fn shape_of(path: &str) -> Shape {
+    if path == "/v1/messages" {
+        Shape::Anthropic
+    } else {
+        Shape::OpenAi
+    }
+}
+
+/// An unknown path: 404 in the API's error JSON, as OpenAI answers it.
+async fn unknown_route(method: Method, uri: Uri, headers: HeaderMap) -> Response {
+    let err = ApiError::new(
+        ErrorClass::UnknownRoute,
+        format!("Invalid URL ({method} {})", uri.path()),
+    );
+    error_response(&err, shape_of(uri.path()), &request_id(&headers))
+}
+
+/// A known path with a method it does not take: 405.
+async fn method_not_allowed(method: Method, uri: Uri, headers: HeaderMap) -> Response {
+    let err = ApiError::new(
+        ErrorClass::MethodNotAllowed,
+        format!("{} does not accept {method}", uri.path()),
+    );
+    error_response(&err, shape_of(uri.path()), &request_id(&headers))
 }
 
 fn request_id(headers: &HeaderMap) -> String {
@@ -124,11 +151,7 @@ async fn require_auth(State(gw): State<Shared>, req: Request, next: Next) -> Res
     if bearer.or(api_key).is_some_and(|k| keys.contains(k.trim())) {
         return next.run(req).await;
     }
-    let shape = if req.uri().path() == "/v1/messages" {
-        Shape::Anthropic
-    } else {
-        Shape::OpenAi
-    };
+    let shape = shape_of(req.uri().path());
     let err = ApiError::new(
         ErrorClass::Unauthorized,
         "missing or unknown API key: send 'Authorization: Bearer <key>' with a key from the gateway's keys file",
@@ -136,9 +159,9 @@ async fn require_auth(State(gw): State<Shared>, req: Request, next: Next) -> Res
     error_response(&err, shape, &request_id(req.headers()))
 }
 
-/// Reads the body, answering 413 past the limit.
+/// Reads the body, answering 413 past the byte limit and 400 past the JSON limits.
 async fn read_body(gw: &Gateway, body: Body) -> Result<Bytes, ApiError> {
-    axum::body::to_bytes(body, gw.cfg.max_body_bytes)
+    let bytes = axum::body::to_bytes(body, gw.cfg.max_body_bytes)
         .await
         .map_err(|_| {
             ApiError::new(
@@ -148,7 +171,13 @@ async fn read_body(gw: &Gateway, body: Body) -> Result<Bytes, ApiError> {
                     gw.cfg.max_body_bytes
                 ),
             )
-        })
+        })?;
+    let limits = JsonLimits {
+        max_values: gw.cfg.max_request_values,
+        max_depth: gw.cfg.max_request_depth,
+    };
+    check_json_limits(&bytes, limits).map_err(|e| e.to_api_error())?;
+    Ok(bytes)
 }
 
 fn default_model(gw: &Gateway) -> Option<String> {
@@ -170,7 +199,11 @@ struct RouteInput {
 }
 
 /// The hint a request carries and the retention to forward.
-fn route_input(gw: &Gateway, kind: ApiKind, body: &Value) -> Result<RouteInput, ApiError> {
+fn route_input(
+    gw: &Gateway,
+    kind: ApiKind,
+    body: &Map<String, Value>,
+) -> Result<RouteInput, ApiError> {
     let hint = parse_retention_hint(body).map_err(|e| {
         ApiError::new(ErrorClass::BadRequest, e.to_string()).with_param("infera_retention")
     })?;
@@ -198,7 +231,8 @@ async fn openai(gw: Shared, kind: ApiKind, headers: HeaderMap, body: Body) -> Re
     let prepared = async {
         let bytes = read_body(&gw, body).await?;
         let (body, info) = validate_request(kind, &bytes, default_model(&gw).as_deref())?;
-        let input = route_input(&gw, kind, &Value::Object(body.clone()))?;
+        drop(bytes);
+        let input = route_input(&gw, kind, &body)?;
         Ok::<_, ApiError>((body, info, input))
     }
     .await;
@@ -604,7 +638,9 @@ async fn messages(State(gw): State<Shared>, headers: HeaderMap, body: Body) -> R
             )
         })?;
         let chat = build_chat_request(&original)?;
-        let input = route_input(&gw, ApiKind::Chat, &original)?;
+        // build_chat_request refuses anything but an object.
+        let empty = Map::new();
+        let input = route_input(&gw, ApiKind::Chat, original.as_object().unwrap_or(&empty))?;
         Ok::<_, ApiError>((chat, input))
     }
     .await;
@@ -676,59 +712,13 @@ async fn messages(State(gw): State<Shared>, headers: HeaderMap, body: Body) -> R
         Duration::from_secs_f64(gw.cfg.stream_idle_timeout_s),
         fwd.abort,
     );
-    let translated = translate_stream(upstream, StreamTranslator::new(&model, &rid));
+    let translated = StreamTranslator::new(&model, &rid).translate(upstream);
     let mut resp = Response::new(Body::from_stream(translated));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/event-stream"),
     );
     with_request_id(resp, &rid)
-}
-
-/// Re-frames an OpenAI SSE byte stream as Anthropic events.
-fn translate_stream(
-    upstream: impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
-    translator: StreamTranslator,
-) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send {
-    let upstream = Box::pin(upstream);
-    futures::stream::unfold(
-        (upstream, translator, String::new(), false),
-        |(mut up, mut tr, mut buf, ended)| async move {
-            if ended {
-                return None;
-            }
-            loop {
-                if let Some(pos) = buf.find("\n\n") {
-                    let event: String = buf.drain(..pos + 2).collect();
-                    let mut out = String::new();
-                    for line in event.lines() {
-                        if let Some(data) = line.strip_prefix("data:") {
-                            for (name, value) in tr.on_data(data.trim_start()) {
-                                out.push_str(&format_event(name, &value));
-                            }
-                        }
-                    }
-                    if !out.is_empty() {
-                        return Some((Ok(Bytes::from(out)), (up, tr, buf, false)));
-                    }
-                    continue;
-                }
-                match up.next().await {
-                    Some(Ok(chunk)) => buf.push_str(&String::from_utf8_lossy(&chunk)),
-                    Some(Err(e)) => return Some((Err(e), (up, tr, buf, true))),
-                    None => {
-                        let out: String = tr
-                            .finish()
-                            .into_iter()
-                            .map(|(n, v)| format_event(n, &v))
-                            .collect();
-                        return (!out.is_empty())
-                            .then(|| (Ok(Bytes::from(out)), (up, tr, buf, true)));
-                    }
-                }
-            }
-        },
-    )
 }
 
 async fn models(State(gw): State<Shared>) -> Response {

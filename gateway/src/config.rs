@@ -213,6 +213,17 @@ pub struct GatewayConfig {
     #[arg(long, env = "INFERA_MAX_BODY_BYTES", default_value_t = 8 * 1024 * 1024)]
     pub max_body_bytes: usize,
 
+    /// Most JSON values a request body may hold (token ids, messages, content parts and
+    /// their fields): refused with 400 before parsing, so no body within the byte limit
+    /// can grow past a few tens of megabytes once parsed. 262,144 fits a 256k-token
+    /// prompt given as ids.
+    #[arg(long, env = "INFERA_MAX_REQUEST_VALUES", default_value_t = 262_144)]
+    pub max_request_values: usize,
+
+    /// Deepest nesting of lists and objects in a request body (refused with 400).
+    #[arg(long, env = "INFERA_MAX_REQUEST_DEPTH", default_value_t = 32)]
+    pub max_request_depth: usize,
+
     /// File of accepted bearer tokens, one per line (# comments); unset: no auth.
     #[arg(long, env = "INFERA_API_KEYS_FILE")]
     pub api_keys_file: Option<PathBuf>,

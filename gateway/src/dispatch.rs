@@ -8,7 +8,8 @@ use crate::registry::Target;
 use crate::router::build_attempt_candidates;
 use bytes::Bytes;
 use infera_proto::error_class::{ApiError, ErrorClass};
-use infera_proto::retention::{Retention, apply_retention};
+use infera_proto::retention::{Retention, retention_fields};
+use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value};
 use std::time::{Duration, Instant};
 
@@ -40,11 +41,38 @@ fn url_for(target: &Target, path: &str) -> String {
     format!("{}{path}", target.record.url.trim_end_matches('/'))
 }
 
-/// The body as `target`'s engine should see it: the retention in its own field.
+/// The body as `target`'s engine should see it: the retention in its own field. The
+/// request is serialized as it stands with those few fields put in place, never copied.
 fn body_for(target: &Target, body: &Map<String, Value>, retention: Retention) -> Bytes {
-    let mut body = body.clone();
-    apply_retention(&mut body, target.record.engine, retention);
-    Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
+    let fields = retention_fields(body, target.record.engine, retention);
+    Bytes::from(
+        serde_json::to_vec(&WithFields {
+            body,
+            fields: &fields,
+        })
+        .unwrap_or_default(),
+    )
+}
+
+/// `body` with `fields` replacing its entries of the same name, the others appended.
+struct WithFields<'a> {
+    body: &'a Map<String, Value>,
+    fields: &'a Map<String, Value>,
+}
+
+impl Serialize for WithFields<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        for (k, v) in self.body {
+            map.serialize_entry(k, self.fields.get(k).unwrap_or(v))?;
+        }
+        for (k, v) in self.fields {
+            if !self.body.contains_key(k) {
+                map.serialize_entry(k, v)?;
+            }
+        }
+        map.end()
+    }
 }
 
 /// Sends `body` to `path` on one of `candidates` (each attempt's target chosen by
@@ -125,4 +153,29 @@ pub fn root_cause(e: &reqwest::Error) -> String {
         source = next;
     }
     source.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn fields_replace_in_place_and_new_ones_follow() {
+        let body = json!({"model": "m", "priority": 1, "stream": true});
+        let fields = json!({"priority": 5, "infera_retention": "long"});
+        let (body, fields) = (body.as_object().unwrap(), fields.as_object().unwrap());
+        let mut want = body.clone();
+        for (k, v) in fields {
+            want.insert(k.clone(), v.clone());
+        }
+        assert_eq!(
+            serde_json::to_string(&WithFields { body, fields }).unwrap(),
+            serde_json::to_string(&want).unwrap()
+        );
+        assert_eq!(
+            serde_json::to_string(&want).unwrap(),
+            r#"{"model":"m","priority":5,"stream":true,"infera_retention":"long"}"#
+        );
+    }
 }

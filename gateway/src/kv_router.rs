@@ -193,10 +193,7 @@ impl KvRouter {
         body: &Map<String, Value>,
     ) -> Result<Vec<u32>, &'static str> {
         match kind {
-            ApiKind::Chat => self
-                .codec
-                .encode_chat(&Value::Object(body.clone()))
-                .map_err(|_| "template"),
+            ApiKind::Chat => self.codec.encode_chat(body).map_err(|_| "template"),
             ApiKind::Completions => match body.get("prompt") {
                 Some(Value::String(s)) => self.codec.encode_completion(s).map_err(|_| "tokenizer"),
                 Some(Value::Array(items)) if items.iter().all(Value::is_u64) => Ok(items

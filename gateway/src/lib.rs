@@ -3,7 +3,7 @@
 //! relays each request to the worker the router picks, failing over before the first
 //! byte and isolating failing workers with circuit breakers.
 //!
-//! Flow: [`api`] validates ([`validate`], [`anthropic`]) -> [`router`] picks the pool
+//! Flow: [`api`] bounds ([`json_limits`]) and validates ([`validate`], [`anthropic`]) -> [`router`] picks the pool
 //! from a [`registry`] snapshot -> [`dispatch`] chooses with a [`policy`] and sends ->
 //! [`relay`] streams the answer back. [`discovery`] feeds the registry; [`metrics`]
 //! and [`breaker`] observe.
@@ -16,6 +16,7 @@ pub mod discovery;
 pub mod dispatch;
 pub mod gateway;
 pub mod index_bench;
+pub mod json_limits;
 pub mod kv_ingest;
 pub mod kv_policy;
 pub mod kv_router;

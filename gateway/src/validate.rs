@@ -32,6 +32,11 @@ pub struct RequestInfo {
     pub stream: bool,
 }
 
+/// The largest `max_tokens` passed on: engines hold it in 32-bit integers, and a larger
+/// one can only be a mistake or an attempt to crash a worker (which would then count
+/// against the worker's breaker).
+pub const MAX_TOKENS_LIMIT: u64 = i32::MAX as u64;
+
 fn bad(message: impl Into<String>, param: &str) -> ApiError {
     ApiError::new(ErrorClass::BadRequest, message).with_param(param)
 }
@@ -87,10 +92,14 @@ pub fn validate_request(
     for name in ["max_tokens", "max_completion_tokens"] {
         match body.get(name) {
             None | Some(Value::Null) => {}
-            Some(v) if v.as_u64().is_some_and(|n| n >= 1) => {}
+            Some(v)
+                if v.as_u64()
+                    .is_some_and(|n| (1..=MAX_TOKENS_LIMIT).contains(&n)) => {}
             Some(v) => {
                 return Err(bad(
-                    format!("'{name}' must be a positive integer, got {v}"),
+                    format!(
+                        "'{name}' must be a positive integer up to {MAX_TOKENS_LIMIT}, got {v}"
+                    ),
                     name,
                 ));
             }
@@ -156,13 +165,29 @@ fn check_messages(messages: Option<&Value>) -> Result<(), ApiError> {
             }
         }
         match m.get("content") {
-            None | Some(Value::Null | Value::String(_) | Value::Array(_)) => {}
+            None | Some(Value::Null | Value::String(_)) => {}
+            Some(Value::Array(parts)) => check_parts(parts, &format!("{param}.content"))?,
             Some(_) => {
                 return Err(bad(
                     format!("{param}.content must be a string or a list of parts"),
                     &format!("{param}.content"),
                 ));
             }
+        }
+    }
+    Ok(())
+}
+
+/// Content parts are objects naming their `type` (`text`, `image_url`, ...): anything
+/// else would reach the chat template and the engine as nonsense.
+fn check_parts(parts: &[Value], param: &str) -> Result<(), ApiError> {
+    for (j, part) in parts.iter().enumerate() {
+        if !part.get("type").is_some_and(Value::is_string) {
+            let param = format!("{param}[{j}]");
+            return Err(bad(
+                format!("{param} must be an object with a string 'type' (e.g. \"text\")"),
+                &param,
+            ));
         }
     }
     Ok(())
@@ -207,7 +232,12 @@ mod tests {
         );
         check(
             ApiKind::Completions,
-            r#"{"model":"m","prompt":[1,2],"max_tokens":3,"n":1}"#,
+            r#"{"model":"m","prompt":[1,2],"max_tokens":2147483647,"n":1}"#,
+        )
+        .unwrap();
+        check(
+            ApiKind::Chat,
+            r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"u"}}]}]}"#,
         )
         .unwrap();
         let (body, info) =
@@ -258,6 +288,26 @@ mod tests {
                 ApiKind::Chat,
                 r#"{"model":"m","messages":[{"role":"user","content":5}]}"#,
                 Some("messages[0].content"),
+            ),
+            (
+                ApiKind::Chat,
+                r#"{"model":"m","messages":[{"role":"user","content":[[[]]]}]}"#,
+                Some("messages[0].content[0]"),
+            ),
+            (
+                ApiKind::Chat,
+                r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"text":"b"}]}]}"#,
+                Some("messages[0].content[1]"),
+            ),
+            (
+                ApiKind::Chat,
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":18446744073709551615}"#,
+                Some("max_tokens"),
+            ),
+            (
+                ApiKind::Completions,
+                r#"{"model":"m","prompt":"x","max_completion_tokens":2147483648}"#,
+                Some("max_completion_tokens"),
             ),
             (
                 ApiKind::Chat,

@@ -189,6 +189,97 @@ async fn bad_inputs_get_openai_error_json() {
     assert_eq!(r.status(), 400);
 }
 
+/// Bodies within the byte limit that would take hundreds of megabytes once parsed, and a
+/// `max_tokens` that once crashed a worker: refused with 400 before any worker sees them.
+#[tokio::test]
+async fn crafted_bodies_are_refused_before_they_grow() {
+    let sim = start_sim(EngineKind::Vllm, 50.0).await;
+    let gw = embedded(vec![record_for(sim.addr, EngineKind::Vllm)], &[]).await;
+    let http = reqwest::Client::new();
+    let siblings = format!(
+        r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":[{}]}}]}}"#,
+        vec!["[[]]"; 400_000].join(",")
+    );
+    let nested = format!(
+        r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":{}{}}}]}}"#,
+        "[".repeat(400_000),
+        "]".repeat(400_000)
+    );
+    let ids = json!({"model": MODEL, "prompt": vec![1; 1_000_000], "max_tokens": 1});
+    let messages =
+        json!({"model": MODEL, "messages": vec![json!({"role": "user", "content": "x"}); 100_000]});
+    let huge_max = json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": u64::MAX});
+    let cases = [
+        ("/v1/chat/completions", siblings, "--max-request-values"),
+        ("/v1/chat/completions", nested, "--max-request-depth"),
+        ("/v1/completions", ids.to_string(), "--max-request-values"),
+        (
+            "/v1/chat/completions",
+            messages.to_string(),
+            "--max-request-values",
+        ),
+        ("/v1/messages", messages.to_string(), "--max-request-values"),
+        ("/v1/chat/completions", huge_max.to_string(), "2147483647"),
+    ];
+    for (path, body, says) in cases {
+        assert!(body.len() < 8 << 20, "within the default byte limit");
+        let r = http
+            .post(gw_url(&gw, path))
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{path} {body:.80}");
+        let err: Value = r.json().await.unwrap();
+        let message = err["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{path} {body:.80}: {err}");
+    }
+    assert_eq!(served(&sim), 0, "no crafted request reached the worker");
+    // A long prompt given as ids (60k tokens, what the test worker's cache holds) is
+    // within the limits and served.
+    let long = json!({"model": MODEL, "prompt": vec![1; 60_000], "max_tokens": 1});
+    let r = http
+        .post(gw_url(&gw, "/v1/completions"))
+        .json(&long)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+}
+
+/// Unknown paths and methods answer in the API's error JSON, not with empty bodies.
+#[tokio::test]
+async fn unknown_paths_and_methods_get_error_json() {
+    let gw = embedded(Vec::new(), &[]).await;
+    let http = reqwest::Client::new();
+    let r = http
+        .post(gw_url(&gw, "/v1/embeddings"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let err: Value = r.json().await.unwrap();
+    assert_eq!(err["error"]["type"], "invalid_request_error", "{err}");
+    assert_eq!(err["error"]["message"], "Invalid URL (POST /v1/embeddings)");
+    let r = http
+        .get(gw_url(&gw, "/v1/chat/completions"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    assert_eq!(r.headers()["allow"], "POST");
+    let err: Value = r.json().await.unwrap();
+    assert_eq!(err["error"]["type"], "invalid_request_error", "{err}");
+    let r = http.get(gw_url(&gw, "/v1/messages")).send().await.unwrap();
+    assert_eq!(r.status(), 405);
+    let err: Value = r.json().await.unwrap();
+    assert_eq!(
+        err["type"], "error",
+        "Anthropic's shape on /v1/messages: {err}"
+    );
+}
+
 #[tokio::test]
 async fn request_ids_pass_through() {
     let sim = start_sim(EngineKind::Vllm, 50.0).await;

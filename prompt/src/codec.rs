@@ -9,6 +9,7 @@
 
 use crate::template::{CHAT_TEMPLATE, build_environment};
 use minijinja::value::Value;
+use serde::Serialize;
 use serde_json::{Map, Value as Json};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
@@ -18,6 +19,17 @@ use tokenizers::Tokenizer;
 pub const BYTES_CHAT_TEMPLATE: &str = "{% for message in messages %}<|im_start|>{{ message.role }}\n\
 {% if message.content is string %}{{ message.content }}{% else %}{% for part in message.content %}{{ part.text }}{% endfor %}{% endif %}<|im_end|>\n\
 {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// What a chat template sees: the tokenizer's special-token names and the request's
+/// `chat_template_kwargs` (which win over them), then the request's messages and tools.
+#[derive(Serialize)]
+struct TemplateContext<'a> {
+    #[serde(flatten)]
+    names: &'a Map<String, Json>,
+    messages: &'a Json,
+    tools: &'a Json,
+    add_generation_prompt: bool,
+}
 
 /// Why a prompt could not be loaded, rendered or encoded.
 #[derive(Debug, Error)]
@@ -141,16 +153,17 @@ impl PromptCodec {
         let template = env
             .get_template(CHAT_TEMPLATE)
             .map_err(|e| PromptError::RenderTemplate(e.to_string()))?;
-        let mut ctx: Map<String, Json> = self.special_tokens.clone();
+        let mut names: Map<String, Json> = self.special_tokens.clone();
         for (k, v) in extra {
-            ctx.insert(k.clone(), v.clone());
+            names.insert(k.clone(), v.clone());
         }
-        ctx.insert("messages".into(), messages.clone());
-        ctx.insert("tools".into(), tools.cloned().unwrap_or(Json::Null));
-        ctx.insert(
-            "add_generation_prompt".into(),
-            Json::Bool(add_generation_prompt),
-        );
+        // Borrowed: the request's messages are copied once, into the template's values.
+        let ctx = TemplateContext {
+            names: &names,
+            messages,
+            tools: tools.unwrap_or(&Json::Null),
+            add_generation_prompt,
+        };
         template
             .render(Value::from_serialize(&ctx))
             .map_err(|e| PromptError::RenderTemplate(render_error_text(&e)))
@@ -179,17 +192,15 @@ impl PromptCodec {
     }
 
     /// The tokens of a chat request body (`messages`, `tools`, `chat_template_kwargs`).
-    pub fn encode_chat(&self, body: &Json) -> Result<Vec<u32>, PromptError> {
-        let messages = body
-            .get("messages")
-            .cloned()
-            .unwrap_or(Json::Array(Vec::new()));
+    pub fn encode_chat(&self, body: &Map<String, Json>) -> Result<Vec<u32>, PromptError> {
+        let no_messages = Json::Array(Vec::new());
+        let messages = body.get("messages").unwrap_or(&no_messages);
+        let no_extra = Map::new();
         let extra = body
             .get("chat_template_kwargs")
             .and_then(Json::as_object)
-            .cloned()
-            .unwrap_or_default();
-        let text = self.render_chat(&messages, body.get("tools"), true, &extra)?;
+            .unwrap_or(&no_extra);
+        let text = self.render_chat(messages, body.get("tools"), true, extra)?;
         self.encode(&text, false)
     }
 
@@ -256,8 +267,8 @@ mod tests {
         let codec = PromptCodec::bytes();
         let a = json!({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]});
         let b = json!({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "bye"}]});
-        let ta = codec.encode_chat(&a).unwrap();
-        let tb = codec.encode_chat(&b).unwrap();
+        let ta = codec.encode_chat(a.as_object().unwrap()).unwrap();
+        let tb = codec.encode_chat(b.as_object().unwrap()).unwrap();
         let text = codec.decode(&ta);
         assert_eq!(
             text,
@@ -272,7 +283,7 @@ mod tests {
     fn content_parts_render_as_text() {
         let codec = PromptCodec::bytes();
         let body = json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]});
-        let text = codec.decode(&codec.encode_chat(&body).unwrap());
+        let text = codec.decode(&codec.encode_chat(body.as_object().unwrap()).unwrap());
         assert!(text.contains("user\nab<|im_end|>"), "{text}");
     }
 

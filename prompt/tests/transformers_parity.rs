@@ -49,7 +49,7 @@ fn check(model: FixtureModel) {
                     "{} {name}: rendered text",
                     model.name()
                 );
-                codec.encode_chat(body).unwrap()
+                codec.encode_chat(body.as_object().unwrap()).unwrap()
             }
         };
         assert_eq!(got_ids, want_ids, "{} {name}: token ids", model.name());

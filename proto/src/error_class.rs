@@ -15,6 +15,10 @@ pub enum ErrorClass {
     Unauthorized,
     /// No worker serves the requested model: 404.
     ModelNotFound,
+    /// No such path: 404.
+    UnknownRoute,
+    /// The path exists, the method does not: 405.
+    MethodNotAllowed,
     /// Body over the configured limit: 413.
     PayloadTooLarge,
     /// Admission limit reached: 429 with `Retry-After`.
@@ -33,10 +37,12 @@ pub enum ErrorClass {
 
 impl ErrorClass {
     /// Every class.
-    pub const ALL: [ErrorClass; 10] = [
+    pub const ALL: [ErrorClass; 12] = [
         Self::BadRequest,
         Self::Unauthorized,
         Self::ModelNotFound,
+        Self::UnknownRoute,
+        Self::MethodNotAllowed,
         Self::PayloadTooLarge,
         Self::RateLimited,
         Self::Internal,
@@ -51,7 +57,8 @@ impl ErrorClass {
         match self {
             Self::BadRequest => 400,
             Self::Unauthorized => 401,
-            Self::ModelNotFound => 404,
+            Self::ModelNotFound | Self::UnknownRoute => 404,
+            Self::MethodNotAllowed => 405,
             Self::PayloadTooLarge => 413,
             Self::RateLimited => 429,
             Self::Internal => 500,
@@ -65,9 +72,11 @@ impl ErrorClass {
     /// OpenAI `error.type`.
     pub fn openai_type(self) -> &'static str {
         match self {
-            Self::BadRequest | Self::ModelNotFound | Self::PayloadTooLarge => {
-                "invalid_request_error"
-            }
+            Self::BadRequest
+            | Self::ModelNotFound
+            | Self::UnknownRoute
+            | Self::MethodNotAllowed
+            | Self::PayloadTooLarge => "invalid_request_error",
             Self::Unauthorized => "authentication_error",
             Self::RateLimited => "rate_limit_error",
             Self::Internal
@@ -81,7 +90,7 @@ impl ErrorClass {
     /// OpenAI `error.code` used when the error names none of its own.
     pub fn default_code(self) -> Option<&'static str> {
         match self {
-            Self::BadRequest => None,
+            Self::BadRequest | Self::UnknownRoute | Self::MethodNotAllowed => None,
             Self::Unauthorized => Some("invalid_api_key"),
             Self::ModelNotFound => Some("model_not_found"),
             Self::PayloadTooLarge => Some("request_too_large"),
@@ -99,7 +108,8 @@ impl ErrorClass {
         match self {
             Self::BadRequest => "invalid_request_error",
             Self::Unauthorized => "authentication_error",
-            Self::ModelNotFound => "not_found_error",
+            Self::ModelNotFound | Self::UnknownRoute => "not_found_error",
+            Self::MethodNotAllowed => "invalid_request_error",
             Self::PayloadTooLarge => "request_too_large",
             Self::RateLimited => "rate_limit_error",
             Self::ServiceUnavailable => "overloaded_error",
@@ -178,7 +188,10 @@ mod tests {
     #[test]
     fn statuses() {
         let got: Vec<u16> = ErrorClass::ALL.iter().map(|c| c.status()).collect();
-        assert_eq!(got, vec![400, 401, 404, 413, 429, 500, 501, 502, 503, 504]);
+        assert_eq!(
+            got,
+            vec![400, 401, 404, 404, 405, 413, 429, 500, 501, 502, 503, 504]
+        );
     }
 
     #[test]

@@ -89,7 +89,9 @@ pub const INFERA_RETENTION_FIELD: &str = "infera_retention";
 /// else the strongest of its Anthropic and OpenAI cache hints.
 ///
 /// An `infera_retention` that is not a class name is an error (a 400 for the client).
-pub fn parse_retention_hint(body: &Value) -> Result<Option<Retention>, ParseRetentionError> {
+pub fn parse_retention_hint(
+    body: &Map<String, Value>,
+) -> Result<Option<Retention>, ParseRetentionError> {
     if let Some(explicit) = explicit_retention(body) {
         return explicit.map(Some);
     }
@@ -99,7 +101,7 @@ pub fn parse_retention_hint(body: &Value) -> Result<Option<Retention>, ParseRete
         .max())
 }
 
-fn explicit_retention(body: &Value) -> Option<Result<Retention, ParseRetentionError>> {
+fn explicit_retention(body: &Map<String, Value>) -> Option<Result<Retention, ParseRetentionError>> {
     let value = body
         .get(INFERA_RETENTION_FIELD)
         .or_else(|| body.get("kv_transfer_params")?.get(INFERA_RETENTION_FIELD))?;
@@ -109,7 +111,7 @@ fn explicit_retention(body: &Value) -> Option<Result<Retention, ParseRetentionEr
     })
 }
 
-fn openai_hint(body: &Value) -> Option<Retention> {
+fn openai_hint(body: &Map<String, Value>) -> Option<Retention> {
     let from_retention = match body.get("prompt_cache_retention").and_then(Value::as_str) {
         Some("24h" | "1h") => Some(Retention::Long),
         Some("in_memory" | "in-memory") => Some(Retention::Short),
@@ -123,8 +125,8 @@ fn openai_hint(body: &Value) -> Option<Retention> {
     from_retention.max(from_key)
 }
 
-fn anthropic_hint(body: &Value) -> Option<Retention> {
-    let mut best = cache_control_hint(body);
+fn anthropic_hint(body: &Map<String, Value>) -> Option<Retention> {
+    let mut best = cache_control_retention(body.get("cache_control"));
     let mut consider = |block: &Value| best = best.max(cache_control_hint(block));
     if let Some(blocks) = body.get("system").and_then(Value::as_array) {
         blocks.iter().for_each(&mut consider);
@@ -147,7 +149,11 @@ fn anthropic_hint(body: &Value) -> Option<Retention> {
 }
 
 fn cache_control_hint(block: &Value) -> Option<Retention> {
-    let cc = block.get("cache_control")?;
+    cache_control_retention(block.get("cache_control"))
+}
+
+fn cache_control_retention(cc: Option<&Value>) -> Option<Retention> {
+    let cc = cc?;
     if cc.get("type").and_then(Value::as_str) != Some("ephemeral") {
         return None;
     }
@@ -194,13 +200,32 @@ pub fn apply_retention(body: &mut Map<String, Value>, engine: EngineKind, retent
     }
 }
 
+/// The top-level fields [`apply_retention`] may add or change.
+const RETENTION_FIELDS: [&str; 3] = ["kv_transfer_params", "priority", INFERA_RETENTION_FIELD];
+
+/// What [`apply_retention`] would make of `body`'s top-level fields it touches, without
+/// copying the rest of the body (which can be megabytes): the forwarded body is `body`
+/// with these fields put in place, new ones appended in this map's order.
+pub fn retention_fields(
+    body: &Map<String, Value>,
+    engine: EngineKind,
+    retention: Retention,
+) -> Map<String, Value> {
+    let mut fields: Map<String, Value> = RETENTION_FIELDS
+        .iter()
+        .filter_map(|k| Some(((*k).to_owned(), body.get(*k)?.clone())))
+        .collect();
+    apply_retention(&mut fields, engine, retention);
+    fields
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
 
     fn hint(body: Value) -> Option<Retention> {
-        parse_retention_hint(&body).unwrap()
+        parse_retention_hint(body.as_object().unwrap()).unwrap()
     }
 
     #[test]
@@ -285,8 +310,12 @@ mod tests {
             hint(json!({"kv_transfer_params": {"infera_retention": "ephemeral"}})),
             Some(Retention::Ephemeral)
         );
-        assert!(parse_retention_hint(&json!({"infera_retention": "forever"})).is_err());
-        assert!(parse_retention_hint(&json!({"infera_retention": 3})).is_err());
+        for bad in [
+            json!({"infera_retention": "forever"}),
+            json!({"infera_retention": 3}),
+        ] {
+            assert!(parse_retention_hint(bad.as_object().unwrap()).is_err());
+        }
     }
 
     #[test]
@@ -351,5 +380,33 @@ mod tests {
             ),
             r#"{"kv_transfer_params":{"infera_retention":"none"}}"#
         );
+    }
+
+    #[test]
+    fn retention_fields_are_what_apply_retention_changes() {
+        let bodies = [
+            json!({"model": "m", "messages": []}),
+            json!({"model": "m", "kv_transfer_params": {"do_remote_decode": true}, "stream": true}),
+            json!({"priority": 3, "model": "m", "infera_retention": "short"}),
+        ];
+        for body in bodies {
+            let body = body.as_object().unwrap();
+            for engine in [EngineKind::Vllm, EngineKind::Sglang, EngineKind::Atom] {
+                for r in Retention::ALL {
+                    let mut want = body.clone();
+                    apply_retention(&mut want, engine, r);
+                    let fields = retention_fields(body, engine, r);
+                    let mut got = body.clone();
+                    for (k, v) in fields {
+                        got.insert(k, v);
+                    }
+                    assert_eq!(
+                        serde_json::to_string(&got).unwrap(),
+                        serde_json::to_string(&want).unwrap(),
+                        "{engine:?} {r:?}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -16,7 +16,7 @@ use crate::openai::{
 use crate::pd::{self, PdLeg, PdRole};
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -67,6 +67,9 @@ pub struct WorkerState {
 
 type Shared = Arc<WorkerState>;
 
+/// Largest request body the simulator reads: far above any gateway's limit.
+const SIM_MAX_BODY_BYTES: usize = 256 << 20;
+
 /// The worker's router.
 pub fn build_router(state: Shared) -> Router {
     Router::new()
@@ -83,6 +86,9 @@ pub fn build_router(state: Shared) -> Router {
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/flush_cache", post(reset_prefix_cache))
         .route("/sim/faults", get(get_faults).post(set_faults))
+        // Engines take prompts of any size their context allows (vLLM sets no body
+        // limit); axum's 2 MB default would refuse long prompts a real one serves.
+        .layer(DefaultBodyLimit::max(SIM_MAX_BODY_BYTES))
         .with_state(state)
 }
 
@@ -114,7 +120,7 @@ fn prompt_tokens(s: &WorkerState, req: &ParsedRequest) -> Result<Vec<u32>, Rejec
     let tokens = match &req.prompt {
         PromptInput::Chat => s
             .codec
-            .encode_chat(&Value::Object(req.body.clone()))
+            .encode_chat(&req.body)
             .map_err(|e| Rejection::bad(e.to_string(), Some("messages")))?,
         PromptInput::Text(text) => s
             .codec
@@ -128,12 +134,14 @@ fn prompt_tokens(s: &WorkerState, req: &ParsedRequest) -> Result<Vec<u32>, Rejec
             Some("prompt"),
         ));
     }
-    if tokens.len() + req.max_tokens > s.max_model_len {
+    // Saturating: a max_tokens near u64::MAX is refused like any other too-long request.
+    let requested = tokens.len().saturating_add(req.max_tokens);
+    if requested > s.max_model_len {
         return Err(Rejection::bad(
             format!(
                 "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the messages, {} in the completion). Please reduce the length of the messages or completion.",
                 s.max_model_len,
-                tokens.len() + req.max_tokens,
+                requested,
                 tokens.len(),
                 req.max_tokens
             ),

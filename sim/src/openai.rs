@@ -121,7 +121,7 @@ pub fn parse_request(
         }) {
         None => default_max_tokens,
         Some((name, v)) => match v.as_u64() {
-            Some(n) if n >= 1 => n as usize,
+            Some(n) if n >= 1 => usize::try_from(n).unwrap_or(usize::MAX),
             _ => {
                 return Err(Rejection::bad(
                     format!("'{name}' must be a positive integer, got {v}"),

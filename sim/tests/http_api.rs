@@ -149,6 +149,13 @@ async fn bad_requests_get_the_engines_error_shape() {
                 400,
                 "max_tokens",
             ),
+            // Once a panic (the sum overflowed) that closed the connection: a 502 the
+            // gateway counted against a healthy worker.
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": u64::MAX}),
+                400,
+                "max_tokens",
+            ),
         ];
         for (body, status, param) in cases {
             let resp = http
@@ -298,7 +305,10 @@ async fn metrics_and_info_use_the_engines_names() {
 #[tokio::test]
 async fn a_real_tokenizer_counts_prompt_tokens_like_the_engine() {
     let codec = PromptCodec::load(&model_dir(FixtureModel::Qwen3).unwrap()).unwrap();
-    let expected = codec.encode_chat(&chat_body("Hello!", 1)).unwrap().len();
+    let expected = codec
+        .encode_chat(chat_body("Hello!", 1).as_object().unwrap())
+        .unwrap()
+        .len();
     let worker = start_with_codec(mk_config(EngineKind::Vllm), codec).await;
     let r: Value = reqwest::Client::new()
         .post(url(&worker, "/v1/chat/completions"))

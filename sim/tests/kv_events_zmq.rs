@@ -121,7 +121,11 @@ async fn every_layout_decodes_and_token_ids_rehash_to_the_router_chain() {
         // Re-hash the stored tokens in the router's own chain: they must be the prompt's blocks.
         let tokens: Vec<u32> = stored(&batches).into_iter().flat_map(|(_, t)| t).collect();
         let prompt = infera_prompt::PromptCodec::bytes()
-            .encode_chat(&chat_body(&"tell me about caches ".repeat(4), 2))
+            .encode_chat(
+                chat_body(&"tell me about caches ".repeat(4), 2)
+                    .as_object()
+                    .unwrap(),
+            )
             .unwrap();
         let full = prompt.len() / 16;
         assert_eq!(
