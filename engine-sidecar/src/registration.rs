@@ -7,6 +7,11 @@ use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::watch;
 
+/// First wait after a failed registration round; doubled per failure up to [`RETRY_MAX`].
+const RETRY_MIN: Duration = Duration::from_millis(500);
+/// Longest wait between registration attempts.
+const RETRY_MAX: Duration = Duration::from_secs(10);
+
 /// Registration state, for logs and the sidecar's own status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RegistrationState {
@@ -49,13 +54,19 @@ pub async fn run_registration(
     mut stop: watch::Receiver<bool>,
 ) {
     let lease: Mutex<Option<i64>> = Mutex::new(None);
-    let mut backoff = Duration::from_millis(500);
+    let mut backoff = RETRY_MIN;
     loop {
+        let registrations = state.borrow().registrations;
         let result = tokio::select! {
             r = keep_registered(&reg, &state, &lease) => r,
             _ = stop.wait_for(|s| *s) => break,
         };
         state.send_modify(|s| s.registered = false);
+        // A round that registered ends a run of failures: the next attempt comes soon
+        // (etcd restarted empty after a long outage must not wait out the old backoff).
+        if state.borrow().registrations > registrations {
+            backoff = RETRY_MIN;
+        }
         if let Err(e) = result {
             tracing::warn!("registration of {}: {e}; retrying in {backoff:?}", reg.key);
         }
@@ -63,7 +74,7 @@ pub async fn run_registration(
             _ = tokio::time::sleep(backoff) => {}
             _ = stop.wait_for(|s| *s) => break,
         }
-        backoff = (backoff * 2).min(Duration::from_secs(10));
+        backoff = (backoff * 2).min(RETRY_MAX);
     }
     let current = lease.lock().ok().and_then(|mut l| l.take());
     if let Some(lease) = current {

@@ -22,6 +22,7 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use futures::StreamExt;
 use infera_proto::error_class::{ApiError, ErrorClass};
 use infera_proto::retention::{Retention, overlap_weight_factor, parse_retention_hint};
 use infera_proto::worker::{DisaggMode, WorkerRecord, WorkerStatus};
@@ -44,10 +45,13 @@ enum Shape {
 
 /// The gateway's routes.
 pub fn build_router(gw: Shared) -> Router {
-    let api = Router::new()
+    let served = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/messages", post(messages))
+        .layer(middleware::from_fn_with_state(gw.clone(), admit));
+    let api = Router::new()
+        .merge(served)
         .route("/v1/models", get(models))
         .route("/v1/workers", get(workers))
         .route("/v1/admin/cache-view/{worker_id}", get(cache_view))
@@ -77,6 +81,32 @@ async fn close_when_draining(State(gw): State<Shared>, request: Request, next: N
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     response
+}
+
+/// Admission control: a request is served only with a permit, held until the last byte
+/// of its answer (streams included); without one it is refused at once with 429 and
+/// `Retry-After`, before its body is read.
+async fn admit(State(gw): State<Shared>, req: Request, next: Next) -> Response {
+    let Some(admission) = &gw.admission else {
+        return next.run(req).await;
+    };
+    let Ok(permit) = admission.clone().try_acquire_owned() else {
+        gw.metrics.record_admission_refused();
+        let err = ApiError::new(
+            ErrorClass::RateLimited,
+            format!(
+                "the gateway is serving its limit of {} requests (--max-concurrent-requests); retry shortly",
+                gw.cfg.max_concurrent_requests
+            ),
+        );
+        return error_response(&err, shape_of(req.uri().path()), &request_id(req.headers()));
+    };
+    let (parts, body) = next.run(req).await.into_parts();
+    let body = body.into_data_stream().map(move |chunk| {
+        let _held = &permit;
+        chunk
+    });
+    Response::from_parts(parts, Body::from_stream(body))
 }
 
 /// The error shape a path speaks.
@@ -131,7 +161,11 @@ fn error_response(err: &ApiError, shape: Shape, request_id: &str) -> Response {
         Shape::Anthropic => err.to_anthropic_json(),
     };
     let mut resp = with_request_id((status, axum::Json(body)).into_response(), request_id);
-    if err.class == ErrorClass::RateLimited {
+    // Both mean "not now": SDKs retry them, sooner with Retry-After.
+    if matches!(
+        err.class,
+        ErrorClass::RateLimited | ErrorClass::ServiceUnavailable
+    ) {
         resp.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
@@ -159,19 +193,33 @@ async fn require_auth(State(gw): State<Shared>, req: Request, next: Next) -> Res
     error_response(&err, shape, &request_id(req.headers()))
 }
 
-/// Reads the body, answering 413 past the byte limit and 400 past the JSON limits.
-async fn read_body(gw: &Gateway, body: Body) -> Result<Bytes, ApiError> {
-    let bytes = axum::body::to_bytes(body, gw.cfg.max_body_bytes)
+/// Reads the body: 413 past the byte limit (at once when `Content-Length` declares it),
+/// 408 when it does not arrive within `--body-read-timeout-s`, 400 past the JSON limits.
+async fn read_body(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    let limit = gw.cfg.max_body_bytes;
+    let too_large = || {
+        ApiError::new(
+            ErrorClass::PayloadTooLarge,
+            format!("request body is larger than the gateway's limit of {limit} bytes"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let timeout = Duration::from_secs_f64(gw.cfg.body_read_timeout_s.max(0.0));
+    let bytes = tokio::time::timeout(timeout, axum::body::to_bytes(body, limit))
         .await
         .map_err(|_| {
             ApiError::new(
-                ErrorClass::PayloadTooLarge,
-                format!(
-                    "request body is larger than the gateway's limit of {} bytes",
-                    gw.cfg.max_body_bytes
-                ),
+                ErrorClass::RequestTimeout,
+                format!("request body did not arrive within {timeout:?} (--body-read-timeout-s)"),
             )
-        })?;
+        })?
+        .map_err(|_| too_large())?;
     let limits = JsonLimits {
         max_values: gw.cfg.max_request_values,
         max_depth: gw.cfg.max_request_depth,
@@ -229,7 +277,7 @@ async fn openai(gw: Shared, kind: ApiKind, headers: HeaderMap, body: Body) -> Re
     let started = Instant::now();
     let rid = request_id(&headers);
     let prepared = async {
-        let bytes = read_body(&gw, body).await?;
+        let bytes = read_body(&gw, &headers, body).await?;
         let (body, info) = validate_request(kind, &bytes, default_model(&gw).as_deref())?;
         drop(bytes);
         let input = route_input(&gw, kind, &body)?;
@@ -630,7 +678,7 @@ async fn messages(State(gw): State<Shared>, headers: HeaderMap, body: Body) -> R
     let started = Instant::now();
     let rid = request_id(&headers);
     let prepared = async {
-        let bytes = read_body(&gw, body).await?;
+        let bytes = read_body(&gw, &headers, body).await?;
         let original: Value = serde_json::from_slice(&bytes).map_err(|e| {
             ApiError::new(
                 ErrorClass::BadRequest,

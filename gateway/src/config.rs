@@ -133,6 +133,13 @@ pub struct GatewayConfig {
     #[arg(long, env = "INFERA_ETCD_PREFIX", default_value = DEFAULT_ETCD_PREFIX)]
     pub etcd_prefix: String,
 
+    /// Seconds to keep routing to the last known workers when etcd comes back empty (it
+    /// restarted without its data): each worker whose sidecar registers again within
+    /// this time stays without a gap, the others leave at its end. About the workers'
+    /// lease TTL; 0 takes an empty etcd at its word.
+    #[arg(long, env = "INFERA_EMPTY_RESYNC_GRACE_S", default_value_t = 30.0)]
+    pub empty_resync_grace_s: f64,
+
     /// File of worker records (a YAML or JSON list) for --discovery-backend static.
     #[arg(long, env = "INFERA_STATIC_WORKERS")]
     pub static_workers: Option<PathBuf>,
@@ -212,6 +219,15 @@ pub struct GatewayConfig {
     /// Largest request body accepted, bytes.
     #[arg(long, env = "INFERA_MAX_BODY_BYTES", default_value_t = 8 * 1024 * 1024)]
     pub max_body_bytes: usize,
+
+    /// Seconds a client has to send its whole request body (408 after).
+    #[arg(long, env = "INFERA_BODY_READ_TIMEOUT_S", default_value_t = 30.0)]
+    pub body_read_timeout_s: f64,
+
+    /// Requests served at once (from arrival to the last byte of the answer, streams
+    /// included); more are refused at once with 429 and `Retry-After`. 0: no limit.
+    #[arg(long, env = "INFERA_MAX_CONCURRENT_REQUESTS", default_value_t = 1024)]
+    pub max_concurrent_requests: usize,
 
     /// Most JSON values a request body may hold (token ids, messages, content parts and
     /// their fields): refused with 400 before parsing, so no body within the byte limit
@@ -341,6 +357,13 @@ pub fn compute_earlier_default_differences(
         "--connect-timeout-s",
         format!("{} s", cfg.connect_timeout_s),
         "60 s",
+    );
+    differs(
+        "max_concurrent_requests",
+        true,
+        "--max-concurrent-requests",
+        format!("{} (429 past it)", cfg.max_concurrent_requests),
+        "no limit over HTTP",
     );
     if let Some(v) = env("INFERA_ROUTER_DEFAULT_RETENTION")
         && defaulted("default_retention")
@@ -608,7 +631,8 @@ mod tests {
                 "--request-transport",
                 "--request-timeout-s",
                 "--stream-idle-timeout-s",
-                "--connect-timeout-s"
+                "--connect-timeout-s",
+                "--max-concurrent-requests"
             ]
         );
         let kv = differences(&["g", "--router-policy", "kv-aware"], &[]);
@@ -622,7 +646,8 @@ mod tests {
                 "--kv-decode-overlap-weight",
                 "--request-timeout-s",
                 "--stream-idle-timeout-s",
-                "--connect-timeout-s"
+                "--connect-timeout-s",
+                "--max-concurrent-requests"
             ],
             "a flag given is a choice made"
         );
@@ -638,6 +663,7 @@ mod tests {
                 "--request-timeout-s=600",
                 "--stream-idle-timeout-s=600",
                 "--connect-timeout-s=3",
+                "--max-concurrent-requests=1024",
             ],
             &[("INFERA_ROUTER_DEFAULT_RETENTION", "none")],
         );

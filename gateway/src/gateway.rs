@@ -13,6 +13,7 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::Semaphore;
 
 /// Requests in flight per worker (shown in `/v1/workers`).
 #[derive(Debug, Default)]
@@ -78,6 +79,8 @@ pub struct Gateway {
     /// Shutting down: still serving, but not ready, and closing connections after each
     /// response (see `--shutdown-delay-s`).
     pub draining: AtomicBool,
+    /// Admission: one permit per request being served (`None`: no limit).
+    pub admission: Option<Arc<Semaphore>>,
 }
 
 /// Reads a keys file: one token per line, blank lines and `#` comments skipped.
@@ -115,6 +118,11 @@ impl Gateway {
             .build()
             .map_err(|e| ConfigError(format!("building the HTTP client: {e}")))?;
         let breakers = Arc::new(Breakers::new(cfg.breaker()));
+        let admission = (cfg.max_concurrent_requests > 0).then(|| {
+            Arc::new(Semaphore::new(
+                cfg.max_concurrent_requests.min(Semaphore::MAX_PERMITS),
+            ))
+        });
         let metrics = Arc::new(Metrics::default());
         let inflight = Arc::new(Inflight::default());
         let kv = if cfg.kv_aware() {
@@ -166,6 +174,7 @@ impl Gateway {
             api_keys,
             inflight,
             draining: AtomicBool::new(false),
+            admission,
         }))
     }
 }

@@ -135,6 +135,7 @@ struct Inner {
     pd_failures: BTreeMap<&'static str, u64>,
     pd_requests: BTreeMap<(&'static str, Outcome), u64>,
     pd_decode_retries: u64,
+    admission_refused: u64,
 }
 
 /// kv-aware gauges read at render time.
@@ -213,6 +214,11 @@ impl Metrics {
     /// A request carried a cache hint of `retention`.
     pub fn record_cache_control(&self, retention: &'static str) {
         self.with(|m| *m.cache_control.entry(retention).or_default() += 1);
+    }
+
+    /// A request refused by admission control (429).
+    pub fn record_admission_refused(&self) {
+        self.with(|m| m.admission_refused += 1);
     }
 
     /// A discovery event (`put`, `delete`, `resync`, `watch_error`).
@@ -489,6 +495,17 @@ impl Metrics {
             "Time between streamed chunks.",
         );
         m.itl.render(&mut out, "infera_gateway_itl_seconds", "");
+        header(
+            &mut out,
+            "infera_gateway_admission_refused_total",
+            "counter",
+            "Requests refused with 429 at --max-concurrent-requests.",
+        );
+        let _ = writeln!(
+            out,
+            "infera_gateway_admission_refused_total {}",
+            m.admission_refused
+        );
         header(
             &mut out,
             "infera_gateway_discovery_events_total",

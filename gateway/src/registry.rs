@@ -54,10 +54,19 @@ pub struct Snapshot {
     pub draining: BTreeSet<String>,
     /// Routing targets per model (draining workers are left out).
     pub models: BTreeMap<String, Pools>,
+    /// Every model a worker has registered for since the gateway started, served now or
+    /// not: a request for one with no worker at the moment is told to retry (503), not
+    /// that the model does not exist (404).
+    pub known_models: BTreeSet<String>,
 }
 
 impl Snapshot {
-    fn build(workers: BTreeMap<String, Arc<WorkerRecord>>, draining: BTreeSet<String>) -> Self {
+    fn build(
+        workers: BTreeMap<String, Arc<WorkerRecord>>,
+        draining: BTreeSet<String>,
+        mut known_models: BTreeSet<String>,
+    ) -> Self {
+        known_models.extend(workers.values().map(|r| r.model_name.clone()));
         let mut models: BTreeMap<String, Pools> = BTreeMap::new();
         for record in workers
             .values()
@@ -84,6 +93,7 @@ impl Snapshot {
             workers,
             draining,
             models,
+            known_models,
         }
     }
 
@@ -233,8 +243,11 @@ impl Registry {
             if let Ok(mut canaries) = self.canaries.lock() {
                 canaries.retain(|model, _| workers.values().any(|w| &w.model_name == model));
             }
-            self.snapshot
-                .store(Arc::new(Snapshot::build(workers, draining)));
+            self.snapshot.store(Arc::new(Snapshot::build(
+                workers,
+                draining,
+                current.known_models.clone(),
+            )));
             self.version.send_modify(|v| *v += 1);
         }
         self.notify_removed(&removed);

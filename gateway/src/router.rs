@@ -17,6 +17,12 @@ pub enum RouteError {
         /// Models that are served.
         available: Vec<String>,
     },
+    /// The model had workers since the gateway started and has none at the moment (they
+    /// left, or etcd lost its records and they are registering again).
+    NoWorkerNow {
+        /// Requested model.
+        model: String,
+    },
     /// Only one prefill/decode pool exists and no mixed worker.
     MissingPool {
         /// Model.
@@ -62,6 +68,10 @@ impl RouteError {
                 },
             )
             .with_param("model"),
+            Self::NoWorkerNow { model } => ApiError::new(
+                ErrorClass::ServiceUnavailable,
+                format!("model '{model}' has no worker available at the moment (its workers left or are registering again); retry shortly"),
+            ),
             Self::MissingPool { model, missing } => ApiError::new(
                 ErrorClass::ServiceUnavailable,
                 format!("model '{model}' has prefill/decode workers but no {missing} worker is available"),
@@ -79,6 +89,11 @@ impl RouteError {
 /// Where a request for `model` goes; candidates in a stable order.
 pub fn route<'s>(snapshot: &'s Snapshot, model: &str) -> Result<Route<'s>, RouteError> {
     let Some(pools) = snapshot.models.get(model) else {
+        if snapshot.known_models.contains(model) {
+            return Err(RouteError::NoWorkerNow {
+                model: model.to_owned(),
+            });
+        }
         return Err(RouteError::UnknownModel {
             model: model.to_owned(),
             available: snapshot
@@ -216,6 +231,21 @@ mod tests {
         let err = route(&reg.snapshot(), "other").unwrap_err().to_api_error();
         assert_eq!(err.class.status(), 404);
         assert!(err.message.contains("available: m"));
+        // Its workers gone, a model served before is unavailable, not unknown.
+        for id in ["p:1", "x:1", "d:1"] {
+            reg.remove(id);
+        }
+        let err = route(&reg.snapshot(), "m").unwrap_err();
+        assert_eq!(err, RouteError::NoWorkerNow { model: "m".into() });
+        assert_eq!(err.to_api_error().class.status(), 503);
+        assert_eq!(
+            route(&reg.snapshot(), "other")
+                .unwrap_err()
+                .to_api_error()
+                .class
+                .status(),
+            404
+        );
     }
 
     #[test]

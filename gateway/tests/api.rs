@@ -248,6 +248,108 @@ async fn crafted_bodies_are_refused_before_they_grow() {
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
 }
 
+/// Sends raw bytes on a new connection and returns the status line of the answer and
+/// how long it took, bounded by 10 s.
+async fn raw_status(gw: &RunningGateway, request: &[u8]) -> (String, Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    tcp.write_all(request).await.unwrap();
+    let started = Instant::now();
+    let mut buf = vec![0; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut buf))
+        .await
+        .expect("no answer within 10 s")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+    (
+        text.lines().next().unwrap_or_default().to_owned(),
+        started.elapsed(),
+    )
+}
+
+/// A declared body past the limit is refused before it is sent, a body that stops
+/// coming gets 408 at the read timeout, and requests past `--max-concurrent-requests`
+/// get 429 with `Retry-After` at once; none of them holds the gateway or a worker.
+#[tokio::test]
+async fn large_slow_and_excess_requests_are_refused_early() {
+    let sim = start_sim(EngineKind::Vllm, 1.0).await;
+    let gw = embedded(
+        vec![record_for(sim.addr, EngineKind::Vllm)],
+        &[
+            "--body-read-timeout-s",
+            "1",
+            "--max-concurrent-requests",
+            "2",
+        ],
+    )
+    .await;
+    let head = |length: u64| {
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: {length}\r\n\r\n{{\"model\""
+        )
+    };
+    let (status, took) = raw_status(&gw, head(50 << 20).as_bytes()).await;
+    assert!(status.starts_with("HTTP/1.1 413"), "{status}");
+    assert!(took < Duration::from_millis(900), "413 only after {took:?}");
+    let (status, took) = raw_status(&gw, head(100).as_bytes()).await;
+    assert!(status.starts_with("HTTP/1.1 408"), "{status}");
+    assert!(took >= Duration::from_millis(900), "408 after {took:?}");
+    // Two long streams hold both permits; a third request is refused at once.
+    let http = reqwest::Client::new();
+    let mut long = chat("x", 2000);
+    long["stream"] = json!(true);
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        let r = http
+            .post(gw_url(&gw, "/v1/chat/completions"))
+            .json(&long)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        streams.push(r);
+    }
+    let r = http
+        .post(gw_url(&gw, "/v1/chat/completions"))
+        .json(&chat("x", 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let err: Value = r.json().await.unwrap();
+    assert_eq!(err["error"]["type"], "rate_limit_error", "{err}");
+    let metrics = http
+        .get(gw_url(&gw, "/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("infera_gateway_admission_refused_total 1"),
+        "{metrics}"
+    );
+    // The clients go away: their permits come back.
+    drop(streams);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = http
+            .post(gw_url(&gw, "/v1/chat/completions"))
+            .json(&chat("x", 1))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 200 {
+            break;
+        }
+        assert_eq!(r.status(), 429);
+        assert!(Instant::now() < deadline, "permits never came back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Unknown paths and methods answer in the API's error JSON, not with empty bodies.
 #[tokio::test]
 async fn unknown_paths_and_methods_get_error_json() {

@@ -347,3 +347,131 @@ async fn static_discovery_reads_and_rereads_a_file() {
         "a broken file keeps the last good workers"
     );
 }
+
+/// The `kind` count of `infera_gateway_discovery_events_total` on `/metrics`.
+async fn discovery_events(
+    http: &reqwest::Client,
+    gw: &infera_gateway::server::RunningGateway,
+    kind: &str,
+) -> u64 {
+    let text = http
+        .get(gw_url(gw, "/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let series = format!("infera_gateway_discovery_events_total{{kind=\"{kind}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+/// etcd restarted without its data: the gateway keeps routing to the workers it knew
+/// while their records come back, and drops the ones whose records do not by the end of
+/// `--empty-resync-grace-s`. Once no worker is left, the model gets 503 with
+/// `Retry-After` (retried by SDKs), not 404 `model_not_found`.
+#[tokio::test]
+async fn an_etcd_restarted_empty_does_not_empty_routing() {
+    use etcd_client::PutOptions;
+    use infera_testkit::etcd::EtcdServer;
+    let a = start_sim(EngineKind::Vllm, 50.0).await;
+    let b = start_sim(EngineKind::Vllm, 50.0).await;
+    let mut etcd = EtcdServer::start().await.unwrap();
+    let endpoint = etcd.endpoint().to_owned();
+    let port: u16 = endpoint.rsplit(':').next().unwrap().parse().unwrap();
+    let prefix = unique_prefix();
+    let put = |record: infera_proto::worker::WorkerRecord| {
+        let (endpoint, prefix) = (endpoint.clone(), prefix.clone());
+        async move {
+            let mut c = etcd_client::Client::connect([endpoint], None)
+                .await
+                .unwrap();
+            let lease = c.lease_grant(30, None).await.unwrap().id();
+            let key = build_worker_key(&prefix, &record.worker_id);
+            c.put(
+                key,
+                record.to_json(),
+                Some(PutOptions::new().with_lease(lease)),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    put(record_for(a.addr, EngineKind::Vllm)).await;
+    put(record_for(b.addr, EngineKind::Vllm)).await;
+    let gw = start_gw_args(&[
+        "--etcd-endpoint",
+        &endpoint,
+        "--etcd-prefix",
+        &prefix,
+        "--empty-resync-grace-s",
+        "4",
+    ])
+    .await;
+    wait_workers(&gw, 2).await;
+    let http = reqwest::Client::new();
+    let syncs = discovery_events(&http, &gw, "sync").await;
+    etcd.kill();
+    let _fresh = EtcdServer::start_on(port).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while discovery_events(&http, &gw, "sync").await == syncs {
+        assert!(
+            Instant::now() < deadline,
+            "the gateway never synced with the new etcd"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Synced with an empty etcd: both workers still serve.
+    let retained = Instant::now();
+    assert_eq!(gw.gateway.registry.snapshot().workers.len(), 2);
+    for _ in 0..10 {
+        let r = http
+            .post(gw_url(&gw, "/v1/chat/completions"))
+            .json(&chat("x", 1))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    }
+    // a's sidecar registers again; b's never does.
+    put(record_for(a.addr, EngineKind::Vllm)).await;
+    let deadline = retained + Duration::from_secs(10);
+    while gw.gateway.registry.snapshot().workers.len() != 1 {
+        assert!(Instant::now() < deadline, "b never left routing");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        retained.elapsed() >= Duration::from_secs(3),
+        "b left before the grace ended"
+    );
+    assert!(
+        gw.gateway
+            .registry
+            .snapshot()
+            .workers
+            .contains_key(&a.addr.to_string())
+    );
+    // a's record expires too (revoked here): the model is known, so 503, not 404.
+    let mut c = etcd_client::Client::connect([endpoint.clone()], None)
+        .await
+        .unwrap();
+    c.delete(
+        prefix.clone(),
+        Some(etcd_client::DeleteOptions::new().with_prefix()),
+    )
+    .await
+    .unwrap();
+    wait_workers(&gw, 0).await;
+    let r = http
+        .post(gw_url(&gw, "/v1/chat/completions"))
+        .json(&chat("x", 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let err: Value = r.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "no_worker_available", "{err}");
+}

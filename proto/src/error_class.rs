@@ -19,6 +19,8 @@ pub enum ErrorClass {
     UnknownRoute,
     /// The path exists, the method does not: 405.
     MethodNotAllowed,
+    /// The body did not arrive within the read timeout: 408.
+    RequestTimeout,
     /// Body over the configured limit: 413.
     PayloadTooLarge,
     /// Admission limit reached: 429 with `Retry-After`.
@@ -37,12 +39,13 @@ pub enum ErrorClass {
 
 impl ErrorClass {
     /// Every class.
-    pub const ALL: [ErrorClass; 12] = [
+    pub const ALL: [ErrorClass; 13] = [
         Self::BadRequest,
         Self::Unauthorized,
         Self::ModelNotFound,
         Self::UnknownRoute,
         Self::MethodNotAllowed,
+        Self::RequestTimeout,
         Self::PayloadTooLarge,
         Self::RateLimited,
         Self::Internal,
@@ -59,6 +62,7 @@ impl ErrorClass {
             Self::Unauthorized => 401,
             Self::ModelNotFound | Self::UnknownRoute => 404,
             Self::MethodNotAllowed => 405,
+            Self::RequestTimeout => 408,
             Self::PayloadTooLarge => 413,
             Self::RateLimited => 429,
             Self::Internal => 500,
@@ -76,6 +80,7 @@ impl ErrorClass {
             | Self::ModelNotFound
             | Self::UnknownRoute
             | Self::MethodNotAllowed
+            | Self::RequestTimeout
             | Self::PayloadTooLarge => "invalid_request_error",
             Self::Unauthorized => "authentication_error",
             Self::RateLimited => "rate_limit_error",
@@ -93,6 +98,7 @@ impl ErrorClass {
             Self::BadRequest | Self::UnknownRoute | Self::MethodNotAllowed => None,
             Self::Unauthorized => Some("invalid_api_key"),
             Self::ModelNotFound => Some("model_not_found"),
+            Self::RequestTimeout => Some("request_timeout"),
             Self::PayloadTooLarge => Some("request_too_large"),
             Self::RateLimited => Some("rate_limit_exceeded"),
             Self::Internal => Some("internal_error"),
@@ -109,7 +115,7 @@ impl ErrorClass {
             Self::BadRequest => "invalid_request_error",
             Self::Unauthorized => "authentication_error",
             Self::ModelNotFound | Self::UnknownRoute => "not_found_error",
-            Self::MethodNotAllowed => "invalid_request_error",
+            Self::MethodNotAllowed | Self::RequestTimeout => "invalid_request_error",
             Self::PayloadTooLarge => "request_too_large",
             Self::RateLimited => "rate_limit_error",
             Self::ServiceUnavailable => "overloaded_error",
@@ -190,7 +196,9 @@ mod tests {
         let got: Vec<u16> = ErrorClass::ALL.iter().map(|c| c.status()).collect();
         assert_eq!(
             got,
-            vec![400, 401, 404, 404, 405, 413, 429, 500, 501, 502, 503, 504]
+            vec![
+                400, 401, 404, 404, 405, 408, 413, 429, 500, 501, 502, 503, 504
+            ]
         );
     }
 
