@@ -28,6 +28,7 @@ use infera_proto::retention::{Retention, overlap_weight_factor, parse_retention_
 use infera_proto::worker::{DisaggMode, WorkerRecord, WorkerStatus};
 use serde_json::{Map, Value, json};
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -60,7 +61,10 @@ pub fn build_router(gw: Shared) -> Router {
         .merge(api)
         .route("/health", get(health))
         .route("/ready", get(ready))
-        .route("/metrics", get(metrics))
+        .route(
+            "/metrics",
+            get(metrics).layer(middleware::from_fn_with_state(gw.clone(), metrics_auth)),
+        )
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(
@@ -81,6 +85,15 @@ async fn close_when_draining(State(gw): State<Shared>, request: Request, next: N
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     response
+}
+
+/// `/metrics` (it lists worker addresses) behind the API keys with `--metrics-require-auth`.
+async fn metrics_auth(State(gw): State<Shared>, req: Request, next: Next) -> Response {
+    if gw.cfg.metrics_require_auth {
+        require_auth(State(gw), req, next).await
+    } else {
+        next.run(req).await
+    }
 }
 
 /// Admission control: a request is served only with a permit, held until the last byte
@@ -176,21 +189,41 @@ async fn require_auth(State(gw): State<Shared>, req: Request, next: Next) -> Res
     let Some(keys) = &gw.api_keys else {
         return next.run(req).await;
     };
-    let headers = req.headers();
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    let api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
-    if bearer.or(api_key).is_some_and(|k| keys.contains(k.trim())) {
+    if presented_keys(req.headers()).any(|k| key_accepted(keys, k)) {
         return next.run(req).await;
     }
     let shape = shape_of(req.uri().path());
     let err = ApiError::new(
         ErrorClass::Unauthorized,
-        "missing or unknown API key: send 'Authorization: Bearer <key>' with a key from the gateway's keys file",
+        "missing or unknown API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>') with a key from the gateway's keys file",
     );
     error_response(&err, shape, &request_id(req.headers()))
+}
+
+/// The keys a request presents: a bearer token (the scheme in any case, as RFC 9110
+/// has it) and `x-api-key`, each tried, so a stray `Authorization` header (a proxy's
+/// own) cannot hide a valid `x-api-key`.
+fn presented_keys(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
+    let api_key = headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim);
+    bearer.into_iter().chain(api_key)
+}
+
+/// Whether `presented` is one of `keys`, compared in constant time against every key, so
+/// the answer's timing tells nothing about how much of a key was right.
+fn key_accepted(keys: &HashSet<String>, presented: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    keys.iter().fold(false, |found, key| {
+        found | bool::from(key.as_bytes().ct_eq(presented.as_bytes()))
+    })
 }
 
 /// Reads the body: 413 past the byte limit (at once when `Content-Length` declares it),

@@ -240,6 +240,11 @@ pub struct GatewayConfig {
     #[arg(long, env = "INFERA_MAX_REQUEST_DEPTH", default_value_t = 32)]
     pub max_request_depth: usize,
 
+    /// Require an API key on `/metrics` too (it lists worker addresses); needs
+    /// --api-keys-file.
+    #[arg(long, env = "INFERA_METRICS_REQUIRE_AUTH")]
+    pub metrics_require_auth: bool,
+
     /// File of accepted bearer tokens, one per line (# comments); unset: no auth.
     #[arg(long, env = "INFERA_API_KEYS_FILE")]
     pub api_keys_file: Option<PathBuf>,
@@ -427,6 +432,12 @@ impl GatewayConfig {
                 "--kv-event-transport nats needs --nats-server URL (or INFERA_NATS_SERVER; \
                  the earlier server's $NATS_SERVER and its nats://127.0.0.1:4222 default \
                  are not read)"
+                    .into(),
+            ));
+        }
+        if self.metrics_require_auth && self.api_keys_file.is_none() {
+            return Err(ConfigError(
+                "--metrics-require-auth needs --api-keys-file (the keys /metrics would require)"
                     .into(),
             ));
         }

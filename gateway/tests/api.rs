@@ -540,6 +540,84 @@ async fn bearer_auth_when_a_keys_file_is_given() {
     let anthropic = http.post(gw_url(&gw, "/v1/messages")).header("x-api-key", "fixture-key-1")
         .json(&json!({"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]})).send().await.unwrap();
     assert_eq!(anthropic.status(), 200);
+    // The scheme in any case; a stray Authorization header does not hide a valid x-api-key.
+    for (name, value) in [
+        ("authorization", "bearer fixture-key-1"),
+        ("authorization", "BEARER  fixture-key-2 "),
+    ] {
+        let r = http
+            .post(gw_url(&gw, "/v1/chat/completions"))
+            .header(name, value)
+            .json(&chat("x", 1))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{value}");
+    }
+    let r = http
+        .post(gw_url(&gw, "/v1/chat/completions"))
+        .header("authorization", "Bearer a-proxys-own-token")
+        .header("x-api-key", "fixture-key-2")
+        .json(&chat("x", 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    for value in [
+        "Bearer fixture-key-",
+        "Bearer fixture-key-12",
+        "fixture-key-1",
+    ] {
+        let r = http
+            .post(gw_url(&gw, "/v1/chat/completions"))
+            .header("authorization", value)
+            .json(&chat("x", 1))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "{value}");
+    }
+    assert_eq!(
+        http.get(gw_url(&gw, "/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200,
+        "/metrics open unless asked"
+    );
+    let closed = embedded(
+        vec![record_for(sim.addr, EngineKind::Vllm)],
+        &[
+            "--api-keys-file",
+            keys.to_str().unwrap(),
+            "--metrics-require-auth",
+        ],
+    )
+    .await;
+    assert_eq!(
+        http.get(gw_url(&closed, "/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    let r = http
+        .get(gw_url(&closed, "/metrics"))
+        .bearer_auth("fixture-key-1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        http.get(gw_url(&closed, "/health"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     assert_eq!(
         http.post(gw_url(&open, "/v1/chat/completions"))
             .json(&chat("x", 1))
