@@ -300,33 +300,16 @@ async fn large_slow_and_excess_requests_are_refused_early() {
     long["stream"] = json!(true);
     let mut streams = Vec::new();
     for _ in 0..2 {
-        let r = http
-            .post(gw_url(&gw, "/v1/chat/completions"))
-            .json(&long)
-            .send()
-            .await
-            .unwrap();
+        let r = post_json(&http, &gw, "/v1/chat/completions", &long).await;
         assert_eq!(r.status(), 200);
         streams.push(r);
     }
-    let r = http
-        .post(gw_url(&gw, "/v1/chat/completions"))
-        .json(&chat("x", 1))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(&http, &gw, "/v1/chat/completions", &chat("x", 1)).await;
     assert_eq!(r.status(), 429);
     assert_eq!(r.headers()["retry-after"], "1");
     let err: Value = r.json().await.unwrap();
     assert_eq!(err["error"]["type"], "rate_limit_error", "{err}");
-    let metrics = http
-        .get(gw_url(&gw, "/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&http, &gw, "/metrics").await;
     assert!(
         metrics.contains("infera_gateway_admission_refused_total 1"),
         "{metrics}"
@@ -335,12 +318,7 @@ async fn large_slow_and_excess_requests_are_refused_early() {
     drop(streams);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let r = http
-            .post(gw_url(&gw, "/v1/chat/completions"))
-            .json(&chat("x", 1))
-            .send()
-            .await
-            .unwrap();
+        let r = post_json(&http, &gw, "/v1/chat/completions", &chat("x", 1)).await;
         if r.status() == 200 {
             break;
         }

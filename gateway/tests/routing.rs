@@ -354,14 +354,7 @@ async fn discovery_events(
     gw: &infera_gateway::server::RunningGateway,
     kind: &str,
 ) -> u64 {
-    let text = http
-        .get(gw_url(gw, "/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = get_text(http, gw, "/metrics").await;
     let series = format!("infera_gateway_discovery_events_total{{kind=\"{kind}\"}} ");
     text.lines()
         .find_map(|l| l.strip_prefix(series.as_str()))
@@ -427,12 +420,7 @@ async fn an_etcd_restarted_empty_does_not_empty_routing() {
     let retained = Instant::now();
     assert_eq!(gw.gateway.registry.snapshot().workers.len(), 2);
     for _ in 0..10 {
-        let r = http
-            .post(gw_url(&gw, "/v1/chat/completions"))
-            .json(&chat("x", 1))
-            .send()
-            .await
-            .unwrap();
+        let r = post_json(&http, &gw, "/v1/chat/completions", &chat("x", 1)).await;
         assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     }
     // a's sidecar registers again; b's never does.
@@ -464,12 +452,7 @@ async fn an_etcd_restarted_empty_does_not_empty_routing() {
     .await
     .unwrap();
     wait_workers(&gw, 0).await;
-    let r = http
-        .post(gw_url(&gw, "/v1/chat/completions"))
-        .json(&chat("x", 1))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(&http, &gw, "/v1/chat/completions", &chat("x", 1)).await;
     assert_eq!(r.status(), 503);
     assert_eq!(r.headers()["retry-after"], "1");
     let err: Value = r.json().await.unwrap();

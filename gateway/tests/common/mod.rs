@@ -137,6 +137,27 @@ pub fn gw_url(gw: &RunningGateway, path: &str) -> String {
     format!("http://{}{path}", gw.addr)
 }
 
+/// `POST path` on the gateway with a JSON body.
+pub async fn post_json(
+    http: &reqwest::Client,
+    gw: &RunningGateway,
+    path: &str,
+    body: &serde_json::Value,
+) -> reqwest::Response {
+    http.post(gw_url(gw, path)).json(body).send().await.unwrap()
+}
+
+/// `GET path` on the gateway, as text.
+pub async fn get_text(http: &reqwest::Client, gw: &RunningGateway, path: &str) -> String {
+    http.get(gw_url(gw, path))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 /// `GET path` on the gateway, as JSON.
 pub async fn get_json(
     http: &reqwest::Client,
