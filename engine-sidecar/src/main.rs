@@ -1,7 +1,7 @@
 //! The `infera-engine-sidecar` command.
 //!
 //! Exit codes: 0 clean shutdown; 2 bad command line or configuration; 3 the engine never
-//! became healthy; 4 the engine exited (or, attached, stopped answering) on its own.
+//! became healthy; 4 the engine exited, or stopped answering `/health`, on its own.
 
 use infera_engine_sidecar::cli::{CliError, SidecarArgs, USAGE, parse_args};
 use infera_engine_sidecar::disagg::{DisaggRole, detect_role, preflight};
@@ -21,8 +21,9 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-/// Consecutive failed health checks after which an attached engine counts as gone.
-const ATTACHED_HEALTH_FAILURES: u32 = 3;
+/// Consecutive failed health checks (each bounded by 5 s) after which the engine counts
+/// as gone: launched (a hung process, e.g. stopped or deadlocked, never exits) or attached.
+const HEALTH_FAILURES: u32 = 3;
 
 fn free_port() -> Option<u16> {
     std::net::TcpListener::bind("0.0.0.0:0")
@@ -371,12 +372,12 @@ async fn run() -> i32 {
                     tracing::error!("the engine exited with {code}; deregistering");
                     break true;
                 }
-                if args.attach {
-                    health_failures = if engine.is_healthy().await { 0 } else { health_failures + 1 };
-                    if health_failures >= ATTACHED_HEALTH_FAILURES {
-                        tracing::error!("the attached engine stopped answering /health; deregistering");
-                        break true;
-                    }
+                health_failures = if engine.is_healthy().await { 0 } else { health_failures + 1 };
+                if health_failures >= HEALTH_FAILURES {
+                    tracing::error!(
+                        "the engine failed {HEALTH_FAILURES} health checks in a row (hung?); deregistering and stopping it"
+                    );
+                    break true;
                 }
             }
         }

@@ -218,6 +218,66 @@ async fn a_killed_sidecar_lets_its_lease_expire() {
     }
 }
 
+/// A launched engine that hangs (stopped with SIGSTOP: alive, accepting connections,
+/// answering nothing) leaves routing within a few health checks, and the sidecar stops
+/// it and exits 4 so the pod restarts it; before, only an exit was noticed.
+#[tokio::test]
+async fn a_hung_engine_is_deregistered_and_stopped() {
+    let prefix = format!(
+        "/infera-test/{}/workers/",
+        infera_testkit::unique_name("sidecar-hung")
+    );
+    let mut l = launch(&prefix, "30").await;
+    wait_key(&l.key, true, Duration::from_secs(60), &mut l.sidecar)
+        .await
+        .unwrap();
+    let engine = engine_pid(l.sidecar.pid()).expect("the sidecar's engine process");
+    let stopped = Instant::now();
+    nix_kill(engine, "-STOP");
+    // Three checks of at most 5 s each, half a second apart: gone well inside the lease.
+    wait_key(&l.key, false, Duration::from_secs(25), &mut l.sidecar).await;
+    eprintln!("deregistered {:?} after the engine hung", stopped.elapsed());
+    let exit = l.sidecar.wait_exit(Duration::from_secs(20)).await;
+    assert_eq!(
+        exit.and_then(|e| e.code()),
+        Some(4),
+        "{}",
+        l.sidecar.log_tail(20)
+    );
+    assert!(!health_ok(l.port), "the hung engine was left running");
+}
+
+/// The child of `parent` (the engine the sidecar launched), from /proc.
+fn engine_pid(parent: u32) -> Option<u32> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            // pid (comm) state ppid ...: the fields after the last ')'.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if ppid == Some(parent) {
+                return Some(pid);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+fn nix_kill(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
 #[test]
 fn bad_command_lines_exit_2_with_a_reason() {
     let out = std::process::Command::new(SIDECAR)
