@@ -50,8 +50,9 @@ struct Cli {
     /// Lock the arena in RAM.
     #[arg(long)]
     mlock: bool,
-    /// Address of /metrics (empty: off).
-    #[arg(long, default_value = "0.0.0.0:9401")]
+    /// Address of /metrics (empty: off). Loopback unless told otherwise: the operator
+    /// gives `0.0.0.0:9401` so its PodMonitor can scrape the pod.
+    #[arg(long, default_value = "127.0.0.1:9401")]
     metrics_addr: String,
     /// Also accept clients running as this uid (repeatable; the daemon's own user is
     /// always accepted). Engines of vendor images run as root: `--allow-uid 0`.
