@@ -34,6 +34,14 @@ fn sim_binary() -> PathBuf {
     bin
 }
 
+/// An etcd prefix no other test uses.
+fn unique_prefix(name: &str) -> String {
+    format!(
+        "/infera-test/{}/workers/",
+        infera_testkit::unique_name(name)
+    )
+}
+
 struct Launched {
     sidecar: ServerProcess,
     key: String,
@@ -109,10 +117,7 @@ fn health_ok(port: u16) -> bool {
 
 #[tokio::test]
 async fn registers_serves_reregisters_and_deregisters_before_stopping() {
-    let prefix = format!(
-        "/infera-test/{}/workers/",
-        infera_testkit::unique_name("sidecar")
-    );
+    let prefix = unique_prefix("sidecar");
     let mut l = launch(&prefix, "3").await;
     let record = wait_key(&l.key, true, Duration::from_secs(60), &mut l.sidecar)
         .await
@@ -198,10 +203,7 @@ async fn registers_serves_reregisters_and_deregisters_before_stopping() {
 
 #[tokio::test]
 async fn a_killed_sidecar_lets_its_lease_expire() {
-    let prefix = format!(
-        "/infera-test/{}/workers/",
-        infera_testkit::unique_name("sidecar-kill")
-    );
+    let prefix = unique_prefix("sidecar-kill");
     let mut l = launch(&prefix, "2").await;
     wait_key(&l.key, true, Duration::from_secs(60), &mut l.sidecar)
         .await
@@ -223,10 +225,7 @@ async fn a_killed_sidecar_lets_its_lease_expire() {
 /// it and exits 4 so the pod restarts it; before, only an exit was noticed.
 #[tokio::test]
 async fn a_hung_engine_is_deregistered_and_stopped() {
-    let prefix = format!(
-        "/infera-test/{}/workers/",
-        infera_testkit::unique_name("sidecar-hung")
-    );
+    let prefix = unique_prefix("sidecar-hung");
     let mut l = launch(&prefix, "30").await;
     wait_key(&l.key, true, Duration::from_secs(60), &mut l.sidecar)
         .await
@@ -310,10 +309,7 @@ async fn kv_events_reach_jetstream_byte_for_byte() {
     use zeromq::{Socket, SocketRecv, SubSocket};
     let nats = infera_testkit::nats_url().await.unwrap();
     let etcd = infera_testkit::etcd_endpoint().await.unwrap();
-    let prefix = format!(
-        "/infera-test/{}/workers/",
-        infera_testkit::unique_name("sidecar-relay")
-    );
+    let prefix = unique_prefix("sidecar-relay");
     let port = free_port().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let args: Vec<String> = args_of(&[
@@ -402,10 +398,7 @@ async fn kv_events_reach_jetstream_byte_for_byte() {
 async fn attach_mode_drain_endpoint_blocks_until_the_engine_is_idle() {
     use futures::StreamExt;
     let etcd = infera_testkit::etcd_endpoint().await.unwrap();
-    let prefix = format!(
-        "/infera-test/{}/workers/",
-        infera_testkit::unique_name("sidecar-attach")
-    );
+    let prefix = unique_prefix("sidecar-attach");
     let (port, status_port) = (free_port().unwrap(), free_port().unwrap());
     let dir = tempfile::tempdir().unwrap();
     // The engine runs on its own (its container), at real-time speed.
@@ -570,10 +563,7 @@ async fn prepares_each_engines_argv_and_env_exactly() {
         let sysfs = dir.path().join("sys");
         fake_sysfs(&sysfs);
         let port = free_port().unwrap();
-        let prefix = format!(
-            "/infera-test/{}/workers/",
-            infera_testkit::unique_name("sidecar-prep")
-        );
+        let prefix = unique_prefix("sidecar-prep");
         let mut args: Vec<String> = args_of(&[
             engine,
             "--etcd-endpoint",
@@ -651,10 +641,7 @@ async fn prepares_each_engines_argv_and_env_exactly() {
 #[tokio::test]
 async fn sigterm_lets_in_flight_requests_finish_before_the_engine_stops() {
     use futures::StreamExt;
-    let prefix = format!(
-        "/infera-test/{}/workers/",
-        infera_testkit::unique_name("sidecar-drain")
-    );
+    let prefix = unique_prefix("sidecar-drain");
     let mut l = launch(&prefix, "3").await;
     wait_key(&l.key, true, Duration::from_secs(60), &mut l.sidecar)
         .await
@@ -704,10 +691,7 @@ async fn prefill_and_decode_workers_register_their_role_and_connector_params() {
             "vllm-mooncake",
         ),
     ] {
-        let prefix = format!(
-            "/infera-test/{}/workers/",
-            infera_testkit::unique_name("sidecar-pd")
-        );
+        let prefix = unique_prefix("sidecar-pd");
         let port = free_port().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let mut args: Vec<String> = args_of(&[
@@ -848,10 +832,7 @@ async fn the_record_carries_the_tokenizers_digest_and_canary() {
     use infera_testkit::model_files::{FixtureModel, model_dir};
     let tokenizer = model_dir(FixtureModel::Qwen3).unwrap();
     let etcd = infera_testkit::etcd_endpoint().await.unwrap();
-    let prefix = format!(
-        "/infera-test/{}/workers/",
-        infera_testkit::unique_name("sidecar-tok")
-    );
+    let prefix = unique_prefix("sidecar-tok");
     let port = free_port().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let args: Vec<String> = args_of(&[

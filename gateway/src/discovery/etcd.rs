@@ -232,7 +232,8 @@ impl Round<'_> {
     ) {
         let known: BTreeSet<String> = self.registry.snapshot().workers.keys().cloned().collect();
         let suspect = records.is_empty() || lost_data;
-        if !(suspect && !known.is_empty() && !self.empty_resync_grace.is_zero()) {
+        let retain = suspect && !known.is_empty() && !self.empty_resync_grace.is_zero();
+        if !retain {
             *retained = None;
             for id in self.registry.replace_all(records) {
                 tracing::info!(worker = %id, "worker left while the watch was down");
