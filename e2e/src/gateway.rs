@@ -34,6 +34,12 @@ impl Gateway {
         Ok(Self { base, http })
     }
 
+    /// A gateway at `base` reached with `http` (a client with its own root certificates
+    /// or default headers, such as an API key).
+    pub fn with_client(base: String, http: reqwest::Client) -> Self {
+        Self { base, http }
+    }
+
     /// The base URL.
     pub fn base(&self) -> &str {
         &self.base

@@ -43,6 +43,9 @@ pub struct SidecarArgs {
     pub sim_binary: String,
     /// Port of the sidecar's own `/health` and `/metrics` (0: none).
     pub status_port: u16,
+    /// What a `/drain` call from outside the Pod's loopback must present
+    /// (`x-infera-drain-token`); unset: loopback callers only.
+    pub drain_token: Option<String>,
     /// RoCEv2 GID index; detected from sysfs when absent.
     pub gid_index: Option<u32>,
     /// Root of sysfs (a fake tree in tests).
@@ -100,7 +103,9 @@ pub const USAGE: &str = "Infera flags (each also as the environment variable in 
   --health-timeout SECONDS    longest wait for the engine to load [INFERA_HEALTH_TIMEOUT] (1800)
   --enable-kv-events / --no-enable-kv-events   give the engine a KV-event endpoint [INFERA_ENABLE_KV_EVENTS] (on)
   --sim-binary PATH           program for `sim` [INFERA_SIM_BINARY] (infera-sim)
-  --status-port PORT          the sidecar's own /health, /metrics and /drain [INFERA_STATUS_PORT] (off)
+  --status-port PORT          the sidecar's own /health, /metrics and /drain [INFERA_STATUS_PORT] (off);
+                              /drain answers loopback callers, and others that send the header
+                              x-infera-drain-token: $INFERA_DRAIN_TOKEN (environment only)
   --disaggregation-allow-tcp  accept a prefill/decode worker on a loopback host or TCP transport
                               [INFERA_DISAGGREGATION_ALLOW_TCP] (refused otherwise)
   --attach                    the engine runs in its own container: watch it, do not launch it;
@@ -249,6 +254,9 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
             flag: "--status-port",
             message: format!("{status_port:?} is not a port"),
         })?,
+        drain_token: std::env::var("INFERA_DRAIN_TOKEN")
+            .ok()
+            .filter(|t| !t.trim().is_empty()),
         gid_index,
         sysfs_root: get("--sysfs-root", "INFERA_SYSFS_ROOT", "/sys"),
         attach,

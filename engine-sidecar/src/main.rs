@@ -269,7 +269,7 @@ async fn run() -> i32 {
     ) {
         return fail(e, 2);
     }
-    let status = SidecarStatus::new();
+    let status = SidecarStatus::new(args.drain_token.clone());
     let (status_stop, mut status_stop_rx) = watch::channel(false);
     let mut status_server = None;
     if args.status_port != 0 {
@@ -287,7 +287,8 @@ async fn run() -> i32 {
             let shutdown = async move {
                 let _ = status_stop_rx.wait_for(|s| *s).await;
             };
-            if let Err(e) = axum::serve(listener, router)
+            let service = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
+            if let Err(e) = axum::serve(listener, service)
                 .with_graceful_shutdown(shutdown)
                 .await
             {

@@ -4,13 +4,15 @@
 //! Kubernetes stops the engine after it has left routing.
 
 use axum::Router;
-use axum::extract::State;
-use axum::http::header;
+use axum::extract::{ConnectInfo, State};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::json;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use subtle::ConstantTimeEq;
 use tokio::sync::{Notify, watch};
 
 /// State the endpoints show and the main task updates.
@@ -30,11 +32,13 @@ pub struct SidecarStatus {
     pub drain_requested: Notify,
     /// Turns true once the engine is drained.
     pub drained: watch::Sender<bool>,
+    /// What a `/drain` caller outside the loopback must present (`None`: loopback only).
+    pub drain_token: Option<String>,
 }
 
 impl SidecarStatus {
-    /// Fresh state.
-    pub fn new() -> Arc<Self> {
+    /// Fresh state; `/drain` from outside the loopback needs `drain_token`.
+    pub fn new(drain_token: Option<String>) -> Arc<Self> {
         Arc::new(Self {
             registered: AtomicBool::new(false),
             registrations: AtomicU64::new(0),
@@ -43,6 +47,7 @@ impl SidecarStatus {
             relayed: AtomicU64::new(0),
             drain_requested: Notify::new(),
             drained: watch::channel(false).0,
+            drain_token,
         })
     }
 }
@@ -109,9 +114,77 @@ async fn metrics(State(s): State<Shared>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
-async fn drain(State(s): State<Shared>) -> Response {
+/// The header a `/drain` caller outside the Pod's loopback sends (the kubelet's
+/// `preStop` hook, from the node).
+pub const DRAIN_TOKEN_HEADER: &str = "x-infera-drain-token";
+
+/// Whether a `/drain` from `peer` presenting `headers` may take this worker out of
+/// routing: anyone on the loopback (the Pod itself), others only with the token.
+pub fn drain_allowed(peer: IpAddr, headers: &HeaderMap, token: Option<&str>) -> bool {
+    if peer.is_loopback() || peer.to_canonical().is_loopback() {
+        return true;
+    }
+    let presented = headers
+        .get(DRAIN_TOKEN_HEADER)
+        .map(|v| v.as_bytes())
+        .unwrap_or_default();
+    token.is_some_and(|t| bool::from(t.as_bytes().ct_eq(presented)))
+}
+
+async fn drain(
+    State(s): State<Shared>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+) -> Response {
+    if !drain_allowed(peer.ip(), &headers, s.drain_token.as_deref()) {
+        tracing::warn!(
+            "refused /drain from {peer}: not loopback and no valid {DRAIN_TOKEN_HEADER}"
+        );
+        let body = json!({"error": {
+            "message": format!("/drain takes this worker out of routing: callers outside the Pod send {DRAIN_TOKEN_HEADER}"),
+            "type": "permission_error",
+            "code": "forbidden",
+        }});
+        return (StatusCode::FORBIDDEN, axum::Json(body)).into_response();
+    }
     s.drain_requested.notify_one();
     let mut drained = s.drained.subscribe();
     let _ = drained.wait_for(|d| *d).await;
     axum::Json(json!({"drained": true})).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drain_from_outside_the_pod_needs_the_exact_token() {
+        let with = |token: Option<&str>| {
+            let mut h = HeaderMap::new();
+            if let Some(t) = token {
+                h.insert(DRAIN_TOKEN_HEADER, t.parse().unwrap());
+            }
+            h
+        };
+        let node: IpAddr = "10.244.0.1".parse().unwrap();
+        for loopback in ["127.0.0.1", "::1", "::ffff:127.0.0.1"] {
+            let ip: IpAddr = loopback.parse().unwrap();
+            assert!(drain_allowed(ip, &with(None), None), "{loopback}");
+            assert!(drain_allowed(ip, &with(None), Some("t0ken")), "{loopback}");
+        }
+        assert!(drain_allowed(node, &with(Some("t0ken")), Some("t0ken")));
+        for (presented, configured) in [
+            (None, Some("t0ken")),
+            (Some("t0ke"), Some("t0ken")),
+            (Some("t0kenX"), Some("t0ken")),
+            (Some(""), Some("t0ken")),
+            (Some("t0ken"), None),
+            (None, None),
+        ] {
+            assert!(
+                !drain_allowed(node, &with(presented), configured),
+                "{presented:?} against {configured:?}"
+            );
+        }
+    }
 }

@@ -426,10 +426,35 @@ async fn attach_mode_drain_endpoint_blocks_until_the_engine_is_idle() {
         "--port",
         &port.to_string(),
     ]);
-    let mut sidecar =
-        ServerProcess::start(Path::new(SIDECAR), &args, &dir.path().join("sidecar.log")).unwrap();
+    // As the operator renders it: the kubelet's preStop (from the node, not the Pod's
+    // loopback) presents this token.
+    let token = "fixture-drain-token";
+    let mut sidecar = ServerProcess::start_with_env(
+        Path::new(SIDECAR),
+        &args,
+        &[("INFERA_DRAIN_TOKEN", token)],
+        &dir.path().join("sidecar.log"),
+    )
+    .unwrap();
     let key = build_worker_key(&prefix, &format!("127.0.0.1:{port}"));
     wait_key(&key, true, Duration::from_secs(30), &mut sidecar)
+        .await
+        .unwrap();
+    // From another address (this machine's own, not loopback): refused without the
+    // token or with a wrong one, and the worker stays registered.
+    let outside = outside_address();
+    let drain_url = format!("http://{outside}:{status_port}/drain");
+    for presented in [None, Some("fixture-drain-tokeN")] {
+        let mut req = reqwest::Client::new().get(&drain_url);
+        if let Some(t) = presented {
+            req = req.header("x-infera-drain-token", t);
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status(), 403, "{presented:?}");
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "forbidden", "{body}");
+    }
+    wait_key(&key, true, Duration::from_secs(1), &mut sidecar)
         .await
         .unwrap();
     // The sidecar's own status: registered, with the registration's age.
@@ -463,7 +488,10 @@ async fn attach_mode_drain_endpoint_blocks_until_the_engine_is_idle() {
     let mut stream = resp.bytes_stream();
     stream.next().await.unwrap().unwrap();
     let drain = tokio::spawn(async move {
-        let r = reqwest::get(format!("http://127.0.0.1:{status_port}/drain"))
+        let r = reqwest::Client::new()
+            .get(&drain_url)
+            .header("x-infera-drain-token", token)
+            .send()
             .await
             .unwrap();
         (r.status().as_u16(), Instant::now())
@@ -493,6 +521,17 @@ async fn attach_mode_drain_endpoint_blocks_until_the_engine_is_idle() {
         sidecar.log_tail(20)
     );
     engine.kill();
+}
+
+/// An address of this machine other than loopback (its route to the outside), as the
+/// node's address is to a Pod.
+fn outside_address() -> std::net::IpAddr {
+    let probe = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    // No packet is sent: connecting a UDP socket only picks the route.
+    probe.connect("192.0.2.1:9").unwrap();
+    let ip = probe.local_addr().unwrap().ip();
+    assert!(!ip.is_loopback(), "no non-loopback address here");
+    ip
 }
 
 /// A fake engine program on PATH that records its argv and RDMA environment, then runs

@@ -189,7 +189,8 @@ async fn require_auth(State(gw): State<Shared>, req: Request, next: Next) -> Res
     let Some(keys) = &gw.api_keys else {
         return next.run(req).await;
     };
-    if presented_keys(req.headers()).any(|k| key_accepted(keys, k)) {
+    let keys = keys.load();
+    if presented_keys(req.headers()).any(|k| key_accepted(&keys, k)) {
         return next.run(req).await;
     }
     let shape = shape_of(req.uri().path());

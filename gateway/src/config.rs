@@ -224,6 +224,26 @@ pub struct GatewayConfig {
     #[arg(long, env = "INFERA_BODY_READ_TIMEOUT_S", default_value_t = 30.0)]
     pub body_read_timeout_s: f64,
 
+    /// Seconds a client has to send a request's headers, counted from when its
+    /// connection is ready for the next request: idle keep-alive connections close after
+    /// it too. Also bounds the TLS handshake.
+    #[arg(long, env = "INFERA_HEADER_READ_TIMEOUT_S", default_value_t = 30.0)]
+    pub header_read_timeout_s: f64,
+
+    /// Connections open at once; past it new ones wait in the listen backlog until one
+    /// closes. 0: no limit.
+    #[arg(long, env = "INFERA_MAX_CONNECTIONS", default_value_t = 8192)]
+    pub max_connections: usize,
+
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key-file), e.g. `tls.crt`
+    /// of a mounted `kubernetes.io/tls` Secret. Renewed files are served within 30 s.
+    #[arg(long, env = "INFERA_TLS_CERT_FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+
+    /// The PEM private key of --tls-cert-file (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "INFERA_TLS_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+
     /// Requests served at once (from arrival to the last byte of the answer, streams
     /// included); more are refused at once with 429 and `Retry-After`. 0: no limit.
     #[arg(long, env = "INFERA_MAX_CONCURRENT_REQUESTS", default_value_t = 1024)]
@@ -245,7 +265,8 @@ pub struct GatewayConfig {
     #[arg(long, env = "INFERA_METRICS_REQUIRE_AUTH")]
     pub metrics_require_auth: bool,
 
-    /// File of accepted bearer tokens, one per line (# comments); unset: no auth.
+    /// File of accepted bearer tokens, one per line (# comments); unset: no auth. Read
+    /// again every 30 s: keys rotated in a mounted Secret are served without a restart.
     #[arg(long, env = "INFERA_API_KEYS_FILE")]
     pub api_keys_file: Option<PathBuf>,
 
@@ -439,6 +460,11 @@ impl GatewayConfig {
             return Err(ConfigError(
                 "--metrics-require-auth needs --api-keys-file (the keys /metrics would require)"
                     .into(),
+            ));
+        }
+        if !(self.header_read_timeout_s.is_finite() && self.header_read_timeout_s > 0.0) {
+            return Err(ConfigError(
+                "--header-read-timeout-s must be a positive number of seconds".into(),
             ));
         }
         if self.kv_overlap_weight.is_nan() || self.kv_overlap_weight < 0.0 {

@@ -6,6 +6,7 @@ use crate::kv_router::KvRouter;
 use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::registry::Registry;
+use arc_swap::ArcSwap;
 use infera_prompt::PromptCodec;
 use infera_proto::retention::Retention;
 use std::collections::{HashMap, HashSet};
@@ -68,8 +69,9 @@ pub struct Gateway {
     pub metrics: Arc<Metrics>,
     /// Upstream client.
     pub client: reqwest::Client,
-    /// Accepted bearer tokens (`None`: auth off).
-    pub api_keys: Option<HashSet<String>>,
+    /// Accepted bearer tokens (`None`: auth off); `watch_api_keys` swaps in the file's
+    /// new keys when it changes.
+    pub api_keys: Option<ArcSwap<HashSet<String>>>,
     /// Retention for unhinted requests.
     pub default_retention: Retention,
     /// In-flight requests per worker.
@@ -103,6 +105,20 @@ pub fn load_api_keys(path: &Path) -> Result<HashSet<String>, ConfigError> {
 }
 
 impl Gateway {
+    /// Reads --api-keys-file again; true when the accepted keys changed. A file that
+    /// cannot be read or holds no key leaves the served keys as they were.
+    pub fn reload_api_keys(&self) -> Result<bool, ConfigError> {
+        let (Some(path), Some(served)) = (&self.cfg.api_keys_file, &self.api_keys) else {
+            return Ok(false);
+        };
+        let keys = load_api_keys(path)?;
+        if **served.load() == keys {
+            return Ok(false);
+        }
+        served.store(Arc::new(keys));
+        Ok(true)
+    }
+
     /// Builds the state over `registry` (which discovery, or the caller, feeds).
     pub fn new(cfg: GatewayConfig, registry: Arc<Registry>) -> Result<Arc<Self>, ConfigError> {
         cfg.validate()?;
@@ -110,7 +126,8 @@ impl Gateway {
             .api_keys_file
             .as_deref()
             .map(load_api_keys)
-            .transpose()?;
+            .transpose()?
+            .map(ArcSwap::from_pointee);
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs_f64(cfg.connect_timeout_s))
             .pool_idle_timeout(Duration::from_secs(90))

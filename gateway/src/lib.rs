@@ -15,6 +15,7 @@ pub mod config;
 pub mod discovery;
 pub mod dispatch;
 pub mod gateway;
+pub mod http_serve;
 pub mod index_bench;
 pub mod json_limits;
 pub mod kv_ingest;
@@ -26,8 +27,10 @@ pub mod policy;
 pub mod prefix_index;
 pub mod registry;
 pub mod relay;
+pub mod reload;
 pub mod router;
 pub mod server;
+pub mod tls;
 pub mod validate;
 
 #[cfg(test)]

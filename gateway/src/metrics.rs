@@ -9,7 +9,8 @@ use crate::breaker::Breakers;
 use crate::registry::Snapshot;
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// Latency buckets (seconds).
@@ -155,6 +156,8 @@ pub struct KvGauges {
 #[derive(Debug, Default)]
 pub struct Metrics {
     inner: Mutex<Inner>,
+    /// Client connections open now (the HTTP server counts them).
+    pub connections_open: Arc<AtomicUsize>,
 }
 
 impl Metrics {
@@ -505,6 +508,17 @@ impl Metrics {
             out,
             "infera_gateway_admission_refused_total {}",
             m.admission_refused
+        );
+        header(
+            &mut out,
+            "infera_gateway_connections_open",
+            "gauge",
+            "Client connections open (at most --max-connections).",
+        );
+        let _ = writeln!(
+            out,
+            "infera_gateway_connections_open {}",
+            self.connections_open.load(Ordering::Relaxed)
         );
         header(
             &mut out,

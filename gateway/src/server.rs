@@ -1,4 +1,5 @@
-//! Running the gateway: discovery tasks, the HTTP server (HTTP/1.1 and h2c), and a
+//! Running the gateway: discovery tasks, the HTTP server (HTTP/1.1 and h2, plain or TLS:
+//! `http_serve`), and a
 //! graceful shutdown that stops accepting, lets open streams finish (bounded), then
 //! stops discovery.
 
@@ -8,7 +9,10 @@ use crate::discovery::etcd::run_etcd_discovery;
 use crate::discovery::kubernetes::{build_kube_client, run_kubernetes_discovery};
 use crate::discovery::static_file::{load_worker_file, watch_worker_file};
 use crate::gateway::Gateway;
+use crate::http_serve::{ServeOptions, serve};
 use crate::kv_ingest::{run_nats_ingest, run_zmq_ingest};
+use crate::reload::{RELOAD_INTERVAL, reload_every};
+use crate::tls::TlsCertificates;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +27,8 @@ pub struct RunningGateway {
     pub addr: SocketAddr,
     /// Its state.
     pub gateway: Arc<Gateway>,
+    /// The served certificate (with --tls-cert-file).
+    pub tls: Option<Arc<TlsCertificates>>,
     stop: watch::Sender<bool>,
     tasks: JoinSet<()>,
 }
@@ -155,30 +161,46 @@ fn finish_start(
     let addr = listener
         .local_addr()
         .map_err(|e| ConfigError(e.to_string()))?;
-    tasks.spawn(serve(listener, gateway.clone(), stop_rx));
+    let tls = match (&gateway.cfg.tls_cert_file, &gateway.cfg.tls_key_file) {
+        (Some(cert), Some(key)) => {
+            let tls = TlsCertificates::load(cert, key).map_err(ConfigError)?;
+            let watched = tls.clone();
+            tasks.spawn(reload_every(
+                "TLS certificate",
+                RELOAD_INTERVAL,
+                stop_rx.clone(),
+                move || watched.reload_if_changed(),
+            ));
+            Some(tls)
+        }
+        _ => None,
+    };
+    if gateway.api_keys.is_some() {
+        let watched = gateway.clone();
+        tasks.spawn(reload_every(
+            "API keys",
+            RELOAD_INTERVAL,
+            stop_rx.clone(),
+            move || watched.reload_api_keys().map_err(|e| e.0),
+        ));
+    }
+    let opts = ServeOptions {
+        header_read_timeout: Duration::from_secs_f64(gateway.cfg.header_read_timeout_s),
+        max_connections: gateway.cfg.max_connections,
+        tls: tls.clone(),
+        open: gateway.metrics.connections_open.clone(),
+    };
+    tasks.spawn(serve(
+        listener,
+        build_router(gateway.clone()),
+        opts,
+        stop_rx,
+    ));
     Ok(RunningGateway {
         addr,
         gateway,
+        tls,
         stop,
         tasks,
     })
-}
-
-async fn stopped(mut stop: watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
-}
-
-async fn serve(listener: TcpListener, gateway: Arc<Gateway>, stop: watch::Receiver<bool>) {
-    let router = build_router(gateway);
-    // Streamed tokens go out as small writes: without TCP_NODELAY each one after the
-    // first waits for the client's delayed ACK (up to 40 ms on Linux).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    if let Err(e) = axum::serve(listener, router)
-        .with_graceful_shutdown(stopped(stop))
-        .await
-    {
-        tracing::error!("gateway HTTP server failed: {e}");
-    }
 }

@@ -609,6 +609,39 @@ async fn bearer_auth_when_a_keys_file_is_given() {
 }
 
 #[tokio::test]
+async fn rotated_keys_are_served_without_a_restart_and_a_broken_file_keeps_the_old() {
+    let sim = start_sim(EngineKind::Vllm, 50.0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, "old-key\n").unwrap();
+    let gw = embedded(
+        vec![record_for(sim.addr, EngineKind::Vllm)],
+        &["--api-keys-file", keys.to_str().unwrap()],
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let status = |key: &'static str| {
+        let req = http
+            .post(gw_url(&gw, "/v1/chat/completions"))
+            .bearer_auth(key)
+            .json(&chat("x", 1));
+        async move { req.send().await.unwrap().status() }
+    };
+    assert_eq!(status("old-key").await, 200);
+    // A Secret being rewritten can be seen empty: the old keys stay.
+    std::fs::write(&keys, "# nothing yet\n").unwrap();
+    let err = gw.gateway.reload_api_keys().unwrap_err();
+    assert!(err.0.contains("holds no key"), "{err}");
+    assert_eq!(status("old-key").await, 200);
+    std::fs::write(&keys, "new-key\n").unwrap();
+    // What the gateway's 30 s check does, driven here.
+    assert!(gw.gateway.reload_api_keys().unwrap());
+    assert!(!gw.gateway.reload_api_keys().unwrap());
+    assert_eq!(status("old-key").await, 401);
+    assert_eq!(status("new-key").await, 200);
+}
+
+#[tokio::test]
 async fn serves_h2c() {
     let sim = start_sim(EngineKind::Vllm, 50.0).await;
     let gw = embedded(vec![record_for(sim.addr, EngineKind::Vllm)], &[]).await;

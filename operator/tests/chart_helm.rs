@@ -102,13 +102,32 @@ fn the_chart_lints_strictly_and_renders_with_every_values_file() {
         docs.iter().all(|d| d["kind"] != "StatefulSet"),
         "etcd and NATS are opt-in"
     );
-    assert_eq!(
-        find(&docs, "ClusterRole", "infera-operator")["rules"]
-            .as_array()
-            .unwrap()
-            .len(),
-        12
-    );
+    // The operator may manage every kind it renders (and prunes).
+    let rules = find(&docs, "ClusterRole", "infera-operator")["rules"]
+        .as_array()
+        .unwrap()
+        .clone();
+    for kind in infera_operator::render::Kind::ALL {
+        let ar = kind.api_resource();
+        let allowed = |verb: &str| {
+            rules.iter().any(|r| {
+                let has = |field: &str, want: &str| {
+                    r[field].as_array().unwrap().iter().any(|v| v == want)
+                };
+                has("apiGroups", &ar.group) && has("resources", &ar.plural) && has("verbs", verb)
+            })
+        };
+        for verb in ["list", "create", "patch"] {
+            assert!(
+                allowed(verb),
+                "{kind:?}: the operator may not {verb} {}",
+                ar.plural
+            );
+        }
+        if kind.pruned() {
+            assert!(allowed("delete"), "{kind:?}: pruned but not deletable");
+        }
+    }
     // Bundled etcd and NATS become the deployments' default endpoints.
     let docs = template(&[
         "-f",

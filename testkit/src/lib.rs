@@ -10,6 +10,7 @@
 //! so nothing leaks when a test process is killed.
 
 pub mod binaries;
+pub mod certs;
 pub mod etcd;
 pub mod kube_apiserver;
 pub mod legacy_records;

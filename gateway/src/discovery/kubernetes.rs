@@ -101,6 +101,12 @@ pub enum PodRecordError {
     /// The annotation is not a valid worker record.
     #[error("its {WORKER_INFO_ANNOTATION} annotation is refused: {0}; skipped until it changes")]
     InvalidAnnotation(String),
+    /// The record sends requests somewhere other than the Pod itself.
+    #[error(
+        "its {WORKER_INFO_ANNOTATION} annotation is refused: {0}; a Pod may only announce \
+         itself (its own IP, or its name as the first DNS label); skipped until it changes"
+    )]
+    ForeignUrl(String),
 }
 
 fn is_running(pod: &Pod) -> bool {
@@ -148,10 +154,61 @@ pub fn build_pod_worker(pod: &Pod) -> Result<Option<PodWorker>, PodRecordError> 
             Err(PodRecordError::MissingAnnotation)
         };
     };
-    match WorkerRecord::from_json(json.as_bytes()) {
-        Ok(record) => Ok(Some(PodWorker { record, draining })),
-        Err(e) => Err(PodRecordError::InvalidAnnotation(e.to_string())),
+    let record = WorkerRecord::from_json(json.as_bytes())
+        .map_err(|e| PodRecordError::InvalidAnnotation(e.to_string()))?;
+    if let Some(why) = foreign_url(pod, &record.url) {
+        return Err(PodRecordError::ForeignUrl(why));
     }
+    Ok(Some(PodWorker { record, draining }))
+}
+
+/// Why `url` does not point at `pod`, if it does not: whoever can write one Pod's
+/// annotation must not steer requests (prompts) to another address. Pods on the host
+/// network share the node's addresses (an RDMA rail's, say) and are not checked.
+fn foreign_url(pod: &Pod, url: &str) -> Option<String> {
+    let host_network = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false);
+    if host_network {
+        return None;
+    }
+    let status = pod.status.as_ref()?;
+    let mut ips: Vec<&str> = status
+        .pod_ips
+        .iter()
+        .flatten()
+        .map(|ip| ip.ip.as_str())
+        .collect();
+    ips.extend(status.pod_ip.as_deref());
+    if ips.is_empty() {
+        return None;
+    }
+    let parsed = reqwest::Url::parse(url).ok();
+    let host = parsed
+        .as_ref()
+        .and_then(|u| u.host_str())
+        .map(|h| h.trim_start_matches('[').trim_end_matches(']'));
+    let Some(host) = host else {
+        return Some(format!("its url {url:?} has no host"));
+    };
+    let own = if host.parse::<std::net::IpAddr>().is_ok() {
+        ips.contains(&host)
+    } else {
+        let label = host.split('.').next().unwrap_or_default();
+        let names = [
+            pod.metadata.name.as_deref(),
+            pod.spec.as_ref().and_then(|s| s.hostname.as_deref()),
+        ];
+        names.contains(&Some(label))
+    };
+    (!own).then(|| {
+        format!(
+            "its url {url} names {host}, not this Pod ({})",
+            ips.join(", ")
+        )
+    })
 }
 
 /// A change to make in the registry.
@@ -464,9 +521,11 @@ pub async fn run_kubernetes_discovery(
 mod tests {
     use super::*;
 
+    const POD_IP: &str = "10.244.0.9";
+
     fn mk_record_json(id: &str) -> String {
         format!(
-            r#"{{"worker_id":"{id}","url":"http://{id}","model_name":"fixture-model","engine":"vllm"}}"#
+            r#"{{"worker_id":"{id}","url":"http://{POD_IP}:8000","model_name":"fixture-model","engine":"vllm"}}"#
         )
     }
 
@@ -487,6 +546,8 @@ mod tests {
         serde_json::from_value(serde_json::json!({
             "metadata": metadata,
             "status": {
+                "podIP": POD_IP,
+                "podIPs": [{"ip": POD_IP}],
                 "phase": phase,
                 "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
             },
@@ -539,6 +600,59 @@ mod tests {
         warnings.append(&mut update.warnings);
         update.warnings = warnings;
         update
+    }
+
+    #[test]
+    fn a_pod_announcing_another_address_is_refused() {
+        let with_url = |url: &str| {
+            format!(
+                r#"{{"worker_id":"10.244.0.9:8000","url":"{url}","model_name":"fixture-model","engine":"vllm"}}"#
+            )
+        };
+        let worker = |url: &str| {
+            build_pod_worker(&mk_pod(
+                "engine-0",
+                "Running",
+                true,
+                Some(&with_url(url)),
+                false,
+            ))
+        };
+        // Its own IP, its name as the first DNS label: served.
+        for own in [
+            format!("http://{POD_IP}:8000"),
+            "http://engine-0.engines.ns.svc:8000".to_owned(),
+        ] {
+            let got = worker(&own);
+            assert!(matches!(got, Ok(Some(_))), "{own}: {got:?}");
+        }
+        // A capture server, another Pod, a name that is not its own: refused, saying why.
+        for foreign in [
+            "http://10.244.0.66:8000",
+            "http://capture.example:80",
+            "http://engine-1.engines.ns.svc:8000",
+        ] {
+            match worker(foreign) {
+                Err(e @ PodRecordError::ForeignUrl(_)) => {
+                    let text = e.to_string();
+                    assert!(text.contains(foreign) && text.contains(POD_IP), "{text}");
+                }
+                other => panic!("{foreign}: {other:?}"),
+            }
+        }
+        // On the host network a Pod shares the node's addresses (an RDMA rail's).
+        let mut host = mk_pod(
+            "engine-0",
+            "Running",
+            true,
+            Some(&with_url("http://192.168.40.7:8000")),
+            false,
+        );
+        host.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            host_network: Some(true),
+            ..Default::default()
+        });
+        assert!(matches!(build_pod_worker(&host), Ok(Some(_))));
     }
 
     #[test]

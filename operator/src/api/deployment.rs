@@ -5,6 +5,7 @@ use super::common::{EngineKind, Parallelism, RetentionClass, SecretKeyRef, SimFl
 use k8s_openapi::api::core::v1::{
     Affinity, EnvVar, ResourceRequirements, Toleration, TopologySpreadConstraint,
 };
+use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
@@ -285,6 +286,39 @@ pub struct NetworkSpec {
     /// NCCL_IB_GID_INDEX and MORI_IB_GID_INDEX from gidIndex: nobody hand-writes them.
     #[serde(default)]
     pub rdma: RdmaSpec,
+    /// Who may connect to the engine pods.
+    #[serde(default)]
+    pub network_policy: EngineNetworkPolicy,
+}
+
+/// A NetworkPolicy on the engine pods: only this deployment's own pods (its gateways;
+/// its engines, for KV transfer and collectives) connect to them, so nobody bypasses
+/// the gateway's API keys on the engine port or reads prompts' token ids on the
+/// KV-event port. The kubelet's probes and `preStop` come from the node, which network
+/// plugins admit; pods on the host network are outside any NetworkPolicy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineNetworkPolicy {
+    /// Render the NetworkPolicy (default true).
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// More peers admitted to every engine port, e.g. the namespace of a Prometheus that
+    /// scrapes the engines' `/metrics`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_from: Vec<NetworkPolicyPeer>,
+}
+
+impl Default for EngineNetworkPolicy {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            allow_from: Vec::new(),
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// RDMA settings. The operator requests the device-plugin resource, adds IPC_LOCK and
@@ -366,8 +400,9 @@ pub enum ServiceType {
 }
 
 /// The gateways.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!self.metricsRequireAuth || has(self.apiKeysSecretRef)").message("spec.gateway.metricsRequireAuth needs spec.gateway.apiKeysSecretRef (the keys /metrics would require)"))]
 pub struct GatewaySpec {
     /// Gateway pods (default 1).
     #[serde(default = "one_i32")]
@@ -402,6 +437,29 @@ pub struct GatewaySpec {
     /// CPU and memory of a gateway pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// API keys clients must present (`Authorization: Bearer <key>` or `x-api-key`): a
+    /// Secret key holding one key per line (`#` comments). Unset: no authentication.
+    /// Keys rotated in the Secret are served without restarting the gateways, within
+    /// the kubelet's Secret sync plus 30 s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_keys_secret_ref: Option<SecretKeyRef>,
+    /// Require an API key on `/metrics` too (it lists worker addresses); needs
+    /// `apiKeysSecretRef`. A scraper then sends a key.
+    #[serde(default)]
+    pub metrics_require_auth: bool,
+    /// Serve HTTPS instead of HTTP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<GatewayTls>,
+}
+
+/// The gateway's certificate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayTls {
+    /// A `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`), as cert-manager's
+    /// `Certificate` writes it; a renewed certificate is served without a restart.
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: String,
 }
 
 impl Default for GatewaySpec {
@@ -416,6 +474,9 @@ impl Default for GatewaySpec {
             service: GatewayService::default(),
             image: None,
             resources: None,
+            api_keys_secret_ref: None,
+            metrics_require_auth: false,
+            tls: None,
         }
     }
 }

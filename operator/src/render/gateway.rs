@@ -1,7 +1,7 @@
 //! The gateway (pure): a Deployment and Service running `infera-gateway` with the
-//! deployment's routing flags, and the ServiceAccount, Role and RoleBinding that the
-//! gateway and the engine sidecars need for Kubernetes discovery (list and watch Pods;
-//! patch their own Pod's annotation).
+//! deployment's routing flags, and the ServiceAccounts, Roles and RoleBindings that the
+//! gateway and the engine sidecars need for Kubernetes discovery (the gateway reads Pods;
+//! sidecars patch their own Pod's annotation).
 
 use super::engine::{ENGINE_PORT, MODEL_MOUNT};
 use super::names;
@@ -12,8 +12,9 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, HTTPGetAction, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
-    Service, ServiceAccount, ServicePort, ServiceSpec,
+    Container, ContainerPort, HTTPGetAction, KeyToPath, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SecretVolumeSource, Service, ServiceAccount, ServicePort, ServiceSpec,
+    Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role as RbacRole, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -21,54 +22,71 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use std::collections::BTreeMap;
 
-/// The ServiceAccount of every pod of the deployment and, for Kubernetes discovery,
-/// its Role (Pods: get, list, watch, patch) and RoleBinding.
+/// The ServiceAccounts of the engine pods and of the gateways and, for Kubernetes
+/// discovery, their Roles: the engines' sidecars may patch Pods (each its own worker
+/// annotation) and nothing else; the gateways may only read Pods. With etcd discovery
+/// neither account has any permission (and no pod mounts a token).
 pub fn identity(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec) -> Vec<Child> {
-    let name = names::service_account(ctx.name);
-    let labels = names::instance_labels(ctx.name, "identity");
-    let mut out = vec![child(
-        Kind::ServiceAccount,
-        ServiceAccount {
-            metadata: ctx.meta(name.clone(), labels.clone()),
-            ..Default::default()
-        },
-        Some(ctx.owner),
-    )];
-    if spec.discovery.backend != DiscoveryBackend::Kubernetes {
-        return out;
-    }
-    out.push(child(
-        Kind::Role,
-        RbacRole {
-            metadata: ctx.meta(name.clone(), labels.clone()),
-            rules: Some(vec![PolicyRule {
-                api_groups: Some(vec![String::new()]),
-                resources: Some(vec!["pods".into()]),
-                verbs: ["get", "list", "watch", "patch"].map(String::from).to_vec(),
+    let kubernetes = spec.discovery.backend == DiscoveryBackend::Kubernetes;
+    let mut out = Vec::new();
+    for (name, component, verbs) in [
+        (names::service_account(ctx.name), "identity", &["patch"][..]),
+        (
+            names::gateway(ctx.name),
+            "gateway",
+            &["get", "list", "watch"][..],
+        ),
+    ] {
+        let labels = names::instance_labels(ctx.name, component);
+        out.push(child(
+            Kind::ServiceAccount,
+            ServiceAccount {
+                metadata: ctx.meta(name.clone(), labels.clone()),
                 ..Default::default()
-            }]),
-        },
-        Some(ctx.owner),
-    ));
-    out.push(child(
-        Kind::RoleBinding,
-        RoleBinding {
-            metadata: ctx.meta(name.clone(), labels),
-            role_ref: RoleRef {
-                api_group: "rbac.authorization.k8s.io".into(),
-                kind: "Role".into(),
-                name: name.clone(),
             },
-            subjects: Some(vec![Subject {
-                kind: "ServiceAccount".into(),
-                name,
-                namespace: Some(ctx.namespace.to_owned()),
-                ..Default::default()
-            }]),
-        },
-        Some(ctx.owner),
-    ));
+            Some(ctx.owner),
+        ));
+        if kubernetes {
+            out.extend(pod_role(ctx, &name, labels, verbs));
+        }
+    }
     out
+}
+
+/// A Role over Pods with `verbs`, bound to the ServiceAccount `name`.
+fn pod_role(
+    ctx: &Ctx<'_>,
+    name: &str,
+    labels: BTreeMap<String, String>,
+    verbs: &[&str],
+) -> [Child; 2] {
+    let role = RbacRole {
+        metadata: ctx.meta(name.to_owned(), labels.clone()),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["pods".into()]),
+            verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+            ..Default::default()
+        }]),
+    };
+    let binding = RoleBinding {
+        metadata: ctx.meta(name.to_owned(), labels),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: name.to_owned(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: name.to_owned(),
+            namespace: Some(ctx.namespace.to_owned()),
+            ..Default::default()
+        }]),
+    };
+    [
+        child(Kind::Role, role, Some(ctx.owner)),
+        child(Kind::RoleBinding, binding, Some(ctx.owner)),
+    ]
 }
 
 fn policy(p: RoutingPolicy) -> &'static str {
@@ -153,14 +171,75 @@ pub fn gateway_args(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec, model_path: &str
     if let Some(r) = retention.filter(|_| spec.kv_cache.enabled) {
         args.extend(["--default-retention".into(), r]);
     }
+    if g.api_keys_secret_ref.is_some() {
+        args.extend([
+            "--api-keys-file".into(),
+            format!("{API_KEYS_DIR}/{API_KEYS_FILE}"),
+        ]);
+        if g.metrics_require_auth {
+            args.push("--metrics-require-auth".into());
+        }
+    }
+    if g.tls.is_some() {
+        args.extend(["--tls-cert-file".into(), format!("{TLS_DIR}/tls.crt")]);
+        args.extend(["--tls-key-file".into(), format!("{TLS_DIR}/tls.key")]);
+    }
     args
 }
 
-fn probe(path: &str) -> Probe {
+/// Where the API keys Secret is mounted, and the one file of it the gateway reads.
+const API_KEYS_DIR: &str = "/etc/infera/api-keys";
+const API_KEYS_FILE: &str = "keys";
+/// Where the TLS Secret is mounted.
+const TLS_DIR: &str = "/etc/infera/tls";
+
+/// The Secret volumes (and their mounts) the gateway's auth and TLS read. Mounted whole
+/// (no `subPath`), so the kubelet updates them in place when the Secret changes.
+fn secret_volumes(spec: &InferaDeploymentSpec) -> Vec<(Volume, VolumeMount)> {
+    let mut out = Vec::new();
+    let volume = |name: &str, secret: &str, items: Option<Vec<KeyToPath>>, dir: &str| {
+        let volume = Volume {
+            name: name.into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.into()),
+                items,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mount = VolumeMount {
+            name: name.into(),
+            mount_path: dir.into(),
+            read_only: Some(true),
+            ..Default::default()
+        };
+        (volume, mount)
+    };
+    if let Some(keys) = &spec.gateway.api_keys_secret_ref {
+        let item = KeyToPath {
+            key: keys.key.clone(),
+            path: API_KEYS_FILE.into(),
+            ..Default::default()
+        };
+        out.push(volume(
+            "api-keys",
+            &keys.name,
+            Some(vec![item]),
+            API_KEYS_DIR,
+        ));
+    }
+    if let Some(tls) = &spec.gateway.tls {
+        out.push(volume("tls", &tls.secret_name, None, TLS_DIR));
+    }
+    out
+}
+
+fn probe(path: &str, tls: bool) -> Probe {
     Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),
             port: IntOrString::String("http".into()),
+            scheme: tls.then(|| "HTTPS".into()),
             ..Default::default()
         }),
         period_seconds: Some(5),
@@ -193,6 +272,13 @@ pub fn gateway(
     let selector = names::gateway_selector(ctx.name);
     let uses_model =
         gateway_tokenizer(spec, model_path).is_some_and(|t| t.starts_with(MODEL_MOUNT));
+    let tls = spec.gateway.tls.is_some();
+    let (mut volumes, mut mounts): (Vec<Volume>, Vec<VolumeMount>) =
+        secret_volumes(spec).into_iter().unzip();
+    if uses_model {
+        volumes.push(model_volume(model));
+        mounts.push(model_mount());
+    }
     let container = Container {
         name: "gateway".into(),
         image: Some(
@@ -207,10 +293,10 @@ pub fn gateway(
             container_port: i32::from(ENGINE_PORT),
             ..Default::default()
         }]),
-        readiness_probe: Some(probe("/ready")),
+        readiness_probe: Some(probe("/ready", tls)),
         liveness_probe: Some(Probe {
             period_seconds: Some(10),
-            ..probe("/health")
+            ..probe("/health", tls)
         }),
         resources: Some(
             spec.gateway
@@ -219,7 +305,7 @@ pub fn gateway(
                 .unwrap_or_else(default_resources),
         ),
         security_context: Some(restricted_security()),
-        volume_mounts: uses_model.then(|| vec![model_mount()]),
+        volume_mounts: (!mounts.is_empty()).then_some(mounts),
         ..Default::default()
     };
     let deployment = Deployment {
@@ -243,10 +329,14 @@ pub fn gateway(
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
-                    service_account_name: Some(names::service_account(ctx.name)),
+                    service_account_name: Some(names::gateway(ctx.name)),
+                    // Only Kubernetes discovery talks to the API server.
+                    automount_service_account_token: Some(
+                        spec.discovery.backend == DiscoveryBackend::Kubernetes,
+                    ),
                     termination_grace_period_seconds: Some(GATEWAY_GRACE_S),
                     containers: vec![container],
-                    volumes: uses_model.then(|| vec![model_volume(model)]),
+                    volumes: (!volumes.is_empty()).then_some(volumes),
                     enable_service_links: Some(false),
                     ..Default::default()
                 }),
@@ -269,6 +359,7 @@ pub fn gateway(
                 name: Some("http".into()),
                 port: spec.gateway.service.port,
                 target_port: Some(IntOrString::String("http".into())),
+                app_protocol: tls.then(|| "https".into()),
                 ..Default::default()
             }]),
             ..Default::default()

@@ -10,8 +10,10 @@ pub mod engine;
 pub mod gateway;
 pub mod model;
 pub mod names;
+pub mod network_policy;
 pub mod pod;
 pub mod quantity;
+pub mod token;
 pub mod workers;
 
 use crate::api::resolve::{ResolveError, Workers, gpus_per_worker, resolve_workers};
@@ -201,17 +203,21 @@ pub enum Kind {
     PodDisruptionBudget,
     /// apps/v1 Deployment.
     Deployment,
+    /// networking.k8s.io/v1 NetworkPolicy.
+    NetworkPolicy,
 }
 
 impl Kind {
     /// Every kind, in apply order (identity and storage first, workloads last).
-    pub const ALL: [Kind; 10] = [
+    pub const ALL: [Kind; 11] = [
         Kind::ServiceAccount,
         Kind::Role,
         Kind::RoleBinding,
         Kind::PersistentVolumeClaim,
         Kind::Job,
         Kind::Service,
+        // Before the engines start, so none is ever open.
+        Kind::NetworkPolicy,
         Kind::StatefulSet,
         Kind::LeaderWorkerSet,
         Kind::PodDisruptionBudget,
@@ -248,6 +254,12 @@ impl Kind {
                 "poddisruptionbudgets",
             ),
             Kind::Deployment => ("apps", "v1", "Deployment", "deployments"),
+            Kind::NetworkPolicy => (
+                "networking.k8s.io",
+                "v1",
+                "NetworkPolicy",
+                "networkpolicies",
+            ),
         };
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
     }
@@ -467,6 +479,7 @@ pub fn render(
         images,
     };
     let mut children = gateway::identity(&ctx, spec);
+    children.extend(network_policy::engine_network_policy(&ctx, spec));
     let download_job = match model::download(&ctx, spec, observed.model_ready) {
         Some(objs) => {
             let job = objs.iter().any(|c| c.kind == Kind::Job);
@@ -536,7 +549,12 @@ pub fn render(
         download_job,
         gateway: names::gateway(&name),
         gateway_endpoint: format!(
-            "http://{}.{namespace}:{}",
+            "{}://{}.{namespace}:{}",
+            if spec.gateway.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            },
             names::gateway(&name),
             spec.gateway.service.port
         ),

@@ -69,6 +69,19 @@ pub fn gateway_selector(instance: &str) -> BTreeMap<String, String> {
     ])
 }
 
+/// Every engine pod of the deployment, as labels.
+pub fn engine_selector(instance: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (DEPLOYMENT_LABEL.into(), instance.into()),
+        ("app.kubernetes.io/component".into(), "engine".into()),
+    ])
+}
+
+/// The engine pods' NetworkPolicy.
+pub fn engine_network_policy(instance: &str) -> String {
+    format!("{instance}-engines")
+}
+
 /// `InferaDeployment.status.selector`: every engine pod of the deployment.
 pub fn engine_selector_string(instance: &str) -> String {
     format!("{DEPLOYMENT_LABEL}={instance},app.kubernetes.io/component=engine")
@@ -84,12 +97,12 @@ pub fn workers(instance: &str, role: Role) -> String {
     format!("{instance}-{}", role.as_str())
 }
 
-/// The gateway Deployment and Service.
+/// The gateway Deployment, Service and ServiceAccount (and its Role and RoleBinding).
 pub fn gateway(instance: &str) -> String {
     format!("{instance}-gateway")
 }
 
-/// The ServiceAccount of gateway and engine pods, and its Role and RoleBinding.
+/// The ServiceAccount of engine pods, and its Role and RoleBinding.
 pub fn service_account(instance: &str) -> String {
     format!("{instance}-infera")
 }

@@ -9,9 +9,9 @@ use super::{Images, ModelVolume};
 use crate::api::{DiscoveryBackend, EngineKind, InferaDeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    HTTPGetAction, HostPathVolumeSource, Lifecycle, LifecycleHandler, ObjectFieldSelector,
-    PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
-    SecretKeySelector, SecurityContext, Volume, VolumeMount,
+    HTTPGetAction, HTTPHeader, HostPathVolumeSource, Lifecycle, LifecycleHandler,
+    ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SeccompProfile, SecretKeySelector, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -133,6 +133,10 @@ fn quantity(s: impl Into<String>) -> Quantity {
 /// A hardened container security context (what a non-root image needs).
 pub fn restricted_security() -> SecurityContext {
     SecurityContext {
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..Default::default()
+        }),
         allow_privilege_escalation: Some(false),
         read_only_root_filesystem: Some(true),
         run_as_non_root: Some(true),
@@ -256,6 +260,26 @@ pub struct PodInput<'a> {
     pub model: &'a ModelVolume,
     /// Images.
     pub images: &'a Images,
+    /// What the `preStop` hook presents to the sidecar's `/drain` (`drain_token`).
+    pub drain_token: &'a str,
+}
+
+/// The sidecar's `/drain` answers loopback callers and whoever presents this: the
+/// kubelet's `preStop` hook, which calls from the node. Derived from the deployment's
+/// uid, so it is stable across reconciles and unguessable from the network; like the
+/// rest of the pod spec it is visible to those who may read Pods.
+pub fn drain_token(owner_uid: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(format!("infera-drain-token/{owner_uid}"));
+    hex::encode(&digest[..16])
+}
+
+/// The header that carries it (the sidecar's `DRAIN_TOKEN_HEADER`).
+const DRAIN_TOKEN_HEADER: &str = "x-infera-drain-token";
+
+/// Whether the sidecar registers through its Pod's annotation (and so holds a token).
+fn kubernetes_discovery(spec: &InferaDeploymentSpec) -> bool {
+    spec.discovery.backend == DiscoveryBackend::Kubernetes
 }
 
 fn volumes(spec: &InferaDeploymentSpec, model: &ModelVolume) -> Vec<Volume> {
@@ -270,6 +294,9 @@ fn volumes(spec: &InferaDeploymentSpec, model: &ModelVolume) -> Vec<Volume> {
         },
         model_volume(model),
     ];
+    if kubernetes_discovery(spec) {
+        v.push(super::token::volume());
+    }
     if spec.kv_cache.enabled {
         v.push(Volume {
             name: "kvd-socket".into(),
@@ -401,6 +428,11 @@ fn kvd_container(spec: &InferaDeploymentSpec, images: &Images) -> Container {
 fn sidecar_container(spec: &InferaDeploymentSpec, input: &PodInput<'_>) -> Container {
     let mut env = identity_env();
     env.extend(plain_env(&input.engine.env));
+    env.push(EnvVar {
+        name: "INFERA_DRAIN_TOKEN".into(),
+        value: Some(input.drain_token.to_owned()),
+        ..Default::default()
+    });
     Container {
         name: "sidecar".into(),
         image: Some(input.images.sidecar.clone()),
@@ -413,7 +445,11 @@ fn sidecar_container(spec: &InferaDeploymentSpec, input: &PodInput<'_>) -> Conta
             container_port: i32::from(SIDECAR_PORT),
             ..Default::default()
         }]),
-        volume_mounts: Some(vec![model_mount()]),
+        volume_mounts: Some(if kubernetes_discovery(spec) {
+            vec![model_mount(), super::token::mount()]
+        } else {
+            vec![model_mount()]
+        }),
         security_context: Some(restricted_security()),
         resources: Some(ResourceRequirements {
             requests: Some(BTreeMap::from([
@@ -478,20 +514,39 @@ fn engine_container(spec: &InferaDeploymentSpec, input: &PodInput<'_>) -> Contai
         lifecycle: leader.then(|| Lifecycle {
             // Deregister and drain before Kubernetes stops the engine.
             pre_stop: Some(LifecycleHandler {
-                http_get: Some(http_get("/drain", SIDECAR_PORT)),
+                http_get: Some(HTTPGetAction {
+                    http_headers: Some(vec![HTTPHeader {
+                        name: DRAIN_TOKEN_HEADER.into(),
+                        value: input.drain_token.to_owned(),
+                    }]),
+                    ..http_get("/drain", SIDECAR_PORT)
+                }),
                 ..Default::default()
             }),
             ..Default::default()
         }),
-        security_context: spec.network.rdma.enabled.then(|| SecurityContext {
-            capabilities: Some(Capabilities {
-                add: Some(vec!["IPC_LOCK".into()]),
-                ..Default::default()
-            }),
+        security_context: engine_security(spec),
+        ..Default::default()
+    }
+}
+
+/// The engine container's: the simulator runs restricted. Real engines run as their
+/// image's user (root in the vLLM, SGLang and ATOM ROCm images) with the cluster's
+/// default seccomp handling (RuntimeDefault refuses NUMA placement calls such as `mbind`
+/// without `CAP_SYS_NICE`); with RDMA they add `IPC_LOCK` to pin memory for the NIC.
+/// Pod Security: "restricted" for simulated engines with a PVC or Hugging Face model,
+/// "baseline" for real ones without RDMA, "privileged" with it (or with a hostPath).
+fn engine_security(spec: &InferaDeploymentSpec) -> Option<SecurityContext> {
+    if spec.engine.kind == EngineKind::Sim {
+        return Some(restricted_security());
+    }
+    spec.network.rdma.enabled.then(|| SecurityContext {
+        capabilities: Some(Capabilities {
+            add: Some(vec!["IPC_LOCK".into()]),
             ..Default::default()
         }),
         ..Default::default()
-    }
+    })
 }
 
 /// The pod template of one role.
@@ -517,6 +572,8 @@ pub fn pod_template(spec: &InferaDeploymentSpec, input: &PodInput<'_>) -> PodTem
         }),
         spec: Some(PodSpec {
             service_account_name: Some(names::service_account(input.instance)),
+            // The sidecar alone gets a token (`token`), and only for Kubernetes discovery.
+            automount_service_account_token: Some(false),
             init_containers: (!init.is_empty()).then_some(init),
             containers: vec![engine_container(spec, input)],
             volumes: Some(volumes(spec, input.model)),

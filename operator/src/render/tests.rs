@@ -226,9 +226,16 @@ fn an_mi355x_engine_pod_gets_gpus_rdma_roce_env_shm_probes_and_the_drain() {
     assert_eq!(engine["startupProbe"]["failureThreshold"], 360);
     assert_eq!(engine["startupProbe"]["httpGet"]["path"], "/health");
     assert_eq!(engine["readinessProbe"]["httpGet"]["path"], "/health");
+    // The kubelet calls /drain from the node: it presents the token the sidecar holds,
+    // which differs between deployments.
+    let sidecar = container(pod, "initContainers", "sidecar");
+    let token = env_value(sidecar, "INFERA_DRAIN_TOKEN").unwrap();
+    assert_eq!(token.len(), 32);
+    assert_ne!(token, super::pod::drain_token("another-uid"));
     assert_eq!(
         engine["lifecycle"]["preStop"]["httpGet"],
-        json!({"path": "/drain", "port": 8090})
+        json!({"path": "/drain", "port": 8090,
+               "httpHeaders": [{"name": "x-infera-drain-token", "value": token}]})
     );
     assert_eq!(pod["spec"]["terminationGracePeriodSeconds"], 90);
     let shm = pod["spec"]["volumes"]
@@ -386,10 +393,47 @@ fn a_hugging_face_model_is_downloaded_before_workers_start() {
         ready.gateway_endpoint,
         "http://llama-70b-gateway.infera:8000"
     );
-    let role = find(&ready, Kind::Role, "llama-70b-infera");
+    // Least privilege: sidecars patch (their own Pod's annotation), gateways read.
+    for (account, verbs) in [
+        ("llama-70b-infera", json!(["patch"])),
+        ("llama-70b-gateway", json!(["get", "list", "watch"])),
+    ] {
+        assert_eq!(
+            find(&ready, Kind::Role, account)["rules"][0]["verbs"],
+            verbs
+        );
+        let binding = find(&ready, Kind::RoleBinding, account);
+        assert_eq!(binding["subjects"][0]["name"], account);
+        find(&ready, Kind::ServiceAccount, account);
+    }
+    let gw_pod = &gw["spec"]["template"]["spec"];
+    assert_eq!(gw_pod["serviceAccountName"], "llama-70b-gateway");
+    assert_eq!(gw_pod["automountServiceAccountToken"], true);
+    // In engine pods only the sidecar holds a token; the engine (a vendor image, root)
+    // has none.
+    let engine_pod = &find(&ready, Kind::StatefulSet, "llama-70b-mixed")["spec"]["template"];
+    assert_eq!(engine_pod["spec"]["automountServiceAccountToken"], false);
+    let token_dir = "/var/run/secrets/kubernetes.io/serviceaccount";
+    let mounts_token = |c: &Value| {
+        c["volumeMounts"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|m| m["mountPath"] == token_dir))
+    };
+    assert!(mounts_token(container(
+        engine_pod,
+        "initContainers",
+        "sidecar"
+    )));
+    assert!(!mounts_token(container(engine_pod, "containers", "engine")));
+    let token_volume = engine_pod["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "sidecar-token")
+        .unwrap();
     assert_eq!(
-        role["rules"][0]["verbs"],
-        json!(["get", "list", "watch", "patch"])
+        token_volume["projected"]["sources"][0]["serviceAccountToken"]["path"],
+        "token"
     );
 }
 
@@ -468,6 +512,109 @@ fn simulated_engines_run_the_simulator_without_gpus() {
         Some("1"),
         "the sidecar detects read mode from its env"
     );
+}
+
+#[test]
+fn a_gateway_with_keys_and_tls_mounts_both_secrets_and_probes_https() {
+    let (mut deps, topos) = load(&repo().join("examples/sim/deployment.yaml"));
+    let dep = &mut deps[0];
+    let name = dep.metadata.name.clone().unwrap();
+    dep.spec.gateway.api_keys_secret_ref = Some(crate::api::SecretKeyRef {
+        name: "clients".into(),
+        key: "keys.txt".into(),
+    });
+    dep.spec.gateway.metrics_require_auth = true;
+    dep.spec.gateway.tls = Some(crate::api::GatewayTls {
+        secret_name: "gateway-cert".into(),
+    });
+    let r = render_example(dep, &topos, true);
+    let deployment = find(&r, Kind::Deployment, &format!("{name}-gateway"));
+    let pod = &deployment["spec"]["template"];
+    let gateway = container(pod, "containers", "gateway");
+    let gargs = args(gateway, "args");
+    let keys_file = flag(&gargs, "--api-keys-file").unwrap();
+    let (cert, key) = (
+        flag(&gargs, "--tls-cert-file").unwrap(),
+        flag(&gargs, "--tls-key-file").unwrap(),
+    );
+    assert!(gargs.contains(&"--metrics-require-auth".to_owned()));
+    // Each file lies in a whole-Secret mount (no subPath, so updates reach it).
+    let volumes = pod["spec"]["volumes"].as_array().unwrap();
+    for (file, secret, item) in [
+        (&keys_file, "clients", Some("keys.txt")),
+        (&cert, "gateway-cert", None),
+        (&key, "gateway-cert", None),
+    ] {
+        let mount = gateway["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| file.starts_with(m["mountPath"].as_str().unwrap()))
+            .unwrap_or_else(|| panic!("{file} is not mounted"));
+        assert!(mount.get("subPath").is_none() && mount["readOnly"] == true);
+        let volume = volumes.iter().find(|v| v["name"] == mount["name"]).unwrap();
+        assert_eq!(volume["secret"]["secretName"], secret);
+        if let Some(item) = item {
+            assert_eq!(volume["secret"]["items"][0]["key"], item);
+            assert!(file.ends_with(volume["secret"]["items"][0]["path"].as_str().unwrap()));
+        }
+    }
+    assert!(cert.ends_with("/tls.crt") && key.ends_with("/tls.key"));
+    for probe in ["readinessProbe", "livenessProbe"] {
+        assert_eq!(gateway[probe]["httpGet"]["scheme"], "HTTPS", "{probe}");
+    }
+    let service = find(&r, Kind::Service, &format!("{name}-gateway"));
+    assert_eq!(service["spec"]["ports"][0]["appProtocol"], "https");
+    // Without them: plain HTTP, no auth, nothing mounted for them.
+    let (plain, _) = load(&repo().join("examples/sim/deployment.yaml"));
+    let r = render_example(&plain[0], &topos, true);
+    let pod = &find(&r, Kind::Deployment, &format!("{name}-gateway"))["spec"]["template"];
+    let gateway = container(pod, "containers", "gateway");
+    let gargs = args(gateway, "args");
+    for f in [
+        "--api-keys-file",
+        "--tls-cert-file",
+        "--metrics-require-auth",
+    ] {
+        assert!(!gargs.iter().any(|a| a == f), "{f}");
+    }
+    assert!(gateway["readinessProbe"]["httpGet"].get("scheme").is_none());
+}
+
+#[test]
+fn only_the_deployments_own_pods_and_named_peers_reach_its_engines() {
+    let (mut deps, topos) = load(&repo().join("examples/sim/deployment.yaml"));
+    let dep = &mut deps[0];
+    let name = dep.metadata.name.clone().unwrap();
+    let r = render_example(dep, &topos, true);
+    let policy = find(&r, Kind::NetworkPolicy, &format!("{name}-engines"));
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchLabels"],
+        json!({"infera.amd.com/deployment": name, "app.kubernetes.io/component": "engine"})
+    );
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress"]));
+    assert_eq!(
+        policy["spec"]["ingress"],
+        json!([{"from": [{"podSelector": {"matchLabels": {"infera.amd.com/deployment": name}}}]}])
+    );
+    // Applied before the engines start.
+    let position = |kind| r.children.iter().position(|c| c.kind == kind).unwrap();
+    assert!(position(Kind::NetworkPolicy) < position(Kind::StatefulSet));
+    // A scraper's namespace added; or the policy off.
+    let peer: k8s_openapi::api::networking::v1::NetworkPolicyPeer = serde_json::from_value(
+        json!({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}),
+    )
+    .unwrap();
+    dep.spec.network.network_policy.allow_from = vec![peer];
+    let r = render_example(dep, &topos, true);
+    let policy = find(&r, Kind::NetworkPolicy, &format!("{name}-engines"));
+    assert_eq!(
+        policy["spec"]["ingress"][1]["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "monitoring"
+    );
+    dep.spec.network.network_policy.enabled = false;
+    let r = render_example(dep, &topos, true);
+    assert!(r.children.iter().all(|c| c.kind != Kind::NetworkPolicy));
 }
 
 #[test]

@@ -5,7 +5,7 @@
 
 use super::engine::{ENGINE_PORT, EngineCommand};
 use super::names::{self, Role};
-use super::pod::{NodePlace, PodInput, pod_template};
+use super::pod::{NodePlace, PodInput, drain_token, pod_template};
 use super::{Child, Ctx, Kind, ModelVolume, child};
 use crate::api::InferaDeploymentSpec;
 use k8s_openapi::api::apps::v1::{
@@ -93,7 +93,9 @@ fn disruption_budget(ctx: &Ctx<'_>, role: Role) -> Child {
 /// The objects of one role.
 pub fn role_set(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec, set: &RoleSet<'_>) -> BuiltRole {
     let name = names::workers(ctx.name, set.role);
+    let drain_token = drain_token(&ctx.owner.uid);
     let input = |place| PodInput {
+        drain_token: &drain_token,
         instance: ctx.name,
         namespace: ctx.namespace,
         role: set.role,
