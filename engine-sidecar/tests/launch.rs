@@ -20,18 +20,7 @@ fn args_of(v: &[&str]) -> Vec<String> {
 /// `target/<profile>/infera-sim`, built by `cargo test --workspace` (the README's test
 /// command); `cargo build -p infera-sim` when running this crate's tests alone.
 fn sim_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("infera-sim");
-    assert!(
-        bin.exists(),
-        "{} is missing: run `cargo build -p infera-sim` first",
-        bin.display()
-    );
-    bin
+    infera_testkit::process::workspace_binary("infera-sim").unwrap()
 }
 
 /// An etcd prefix no other test uses.
@@ -270,11 +259,7 @@ fn engine_pid(parent: u32) -> Option<u32> {
 }
 
 fn nix_kill(pid: u32, signal: &str) {
-    let status = std::process::Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill {signal} {pid}");
+    infera_testkit::process::signal(pid, signal).unwrap();
 }
 
 #[test]

@@ -856,12 +856,22 @@ async fn workers(State(gw): State<Shared>) -> Response {
         .map(|w| {
             let breaker = gw.breakers.get(&w.worker_id);
             let state = breaker.as_ref().map_or("closed", |b| b.state(now).name());
-            build_worker_entry(
+            let mut entry = build_worker_entry(
                 w,
                 snap.status(&w.worker_id).unwrap_or_default(),
                 (state, breaker.map_or(0, |b| b.trips())),
                 gw.inflight.get(&w.worker_id),
-            )
+            );
+            let failing = gw.breakers.health_failing(&w.worker_id);
+            if failing && entry["state"] == "active" {
+                entry["state"] = json!("degraded");
+            }
+            entry["health"] = json!(match (gw.cfg.health_check_interval_s > 0.0, failing) {
+                (false, _) => "unchecked",
+                (true, false) => "passing",
+                (true, true) => "failing",
+            });
+            entry
         })
         .collect();
     axum::Json(json!({"workers": list, "synced": gw.registry.is_synced()})).into_response()

@@ -6,10 +6,16 @@
 //! until its cooldown passes; then one half-open probe is let through: success closes
 //! it, failure reopens it with the cooldown doubled (up to `max_cooldown`). If every
 //! candidate is open the router dispatches anyway (see `router`).
+//!
+//! Apart from the breakers, a worker can be *failing its health checks*
+//! (`health_check`): it takes no traffic while any other candidate does, and requests in
+//! flight to it end (`stalled`), since a hung engine never answers them.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use tokio::sync::watch;
 
 /// Breaker settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -167,11 +173,12 @@ impl Breaker {
     }
 }
 
-/// Every worker's breaker.
+/// Every worker's breaker, and whether it fails its health checks.
 #[derive(Debug, Default)]
 pub struct Breakers {
     cfg: BreakerConfig,
     map: Mutex<HashMap<String, Breaker>>,
+    failing: Mutex<HashMap<String, watch::Sender<bool>>>,
 }
 
 impl Breakers {
@@ -180,6 +187,45 @@ impl Breakers {
         Self {
             cfg,
             map: Mutex::new(HashMap::new()),
+            failing: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Marks `worker` as failing its health checks, or passing them again.
+    pub fn set_health_failing(&self, worker: &str, failing: bool) {
+        if let Ok(mut map) = self.failing.lock() {
+            map.entry(worker.to_owned())
+                .or_insert_with(|| watch::channel(false).0)
+                .send_replace(failing);
+        }
+    }
+
+    /// Whether `worker` fails its health checks.
+    pub fn health_failing(&self, worker: &str) -> bool {
+        self.failing
+            .lock()
+            .ok()
+            .and_then(|m| m.get(worker).map(|tx| *tx.borrow()))
+            .unwrap_or(false)
+    }
+
+    /// Resolves once `worker` starts failing its health checks; never if it is removed
+    /// first. A worker failing them already must recover and fail again: it was sent the
+    /// request only because every candidate was failing, and may yet answer.
+    pub fn stalled(&self, worker: &str) -> impl Future<Output = ()> + Send + 'static {
+        let rx = self.failing.lock().ok().map(|mut m| {
+            m.entry(worker.to_owned())
+                .or_insert_with(|| watch::channel(false).0)
+                .subscribe()
+        });
+        async move {
+            if let Some(mut rx) = rx
+                && rx.wait_for(|failing| !*failing).await.is_ok()
+                && rx.wait_for(|failing| *failing).await.is_ok()
+            {
+                return;
+            }
+            std::future::pending::<()>().await;
         }
     }
 
@@ -195,13 +241,16 @@ impl Breakers {
         Some(f(breaker, &self.cfg))
     }
 
-    /// See [`Breaker::try_acquire`].
+    /// See [`Breaker::try_acquire`]; false while the worker fails its health checks.
     pub fn try_acquire(&self, worker: &str, now: Instant) -> bool {
-        self.with(worker, |b, _| b.try_acquire(now)).unwrap_or(true)
+        !self.health_failing(worker) && self.with(worker, |b, _| b.try_acquire(now)).unwrap_or(true)
     }
 
-    /// See [`Breaker::is_available`].
+    /// See [`Breaker::is_available`]; false while the worker fails its health checks.
     pub fn is_available(&self, worker: &str, now: Instant) -> bool {
+        if self.health_failing(worker) {
+            return false;
+        }
         let Ok(map) = self.map.lock() else {
             return true;
         };
@@ -227,6 +276,9 @@ impl Breakers {
     /// Forgets a removed worker.
     pub fn remove(&self, worker: &str) {
         if let Ok(mut map) = self.map.lock() {
+            map.remove(worker);
+        }
+        if let Ok(mut map) = self.failing.lock() {
             map.remove(worker);
         }
     }

@@ -212,6 +212,20 @@ pub struct GatewayConfig {
     #[arg(long, env = "INFERA_CONNECT_TIMEOUT_S", default_value_t = 3.0)]
     pub connect_timeout_s: f64,
 
+    /// Seconds between health checks of every worker (`GET /health`); 0: none. A worker
+    /// failing --health-check-failures in a row takes no traffic and its requests in
+    /// flight end with an error, until it passes one again.
+    #[arg(long, env = "INFERA_HEALTH_CHECK_INTERVAL_S", default_value_t = 5.0)]
+    pub health_check_interval_s: f64,
+
+    /// Seconds a health check waits for its answer.
+    #[arg(long, env = "INFERA_HEALTH_CHECK_TIMEOUT_S", default_value_t = 5.0)]
+    pub health_check_timeout_s: f64,
+
+    /// Failed health checks in a row that take a worker out of routing.
+    #[arg(long, env = "INFERA_HEALTH_CHECK_FAILURES", default_value_t = 3)]
+    pub health_check_failures: u32,
+
     /// Seconds a stream may stay silent before it is ended with an error event.
     #[arg(long, env = "INFERA_STREAM_IDLE_TIMEOUT_S", default_value_t = 600.0)]
     pub stream_idle_timeout_s: f64,
@@ -385,6 +399,16 @@ pub fn compute_earlier_default_differences(
         "60 s",
     );
     differs(
+        "health_check_interval_s",
+        true,
+        "--health-check-interval-s",
+        format!(
+            "GET /health every {} s, {} failures in a row take a worker out of routing",
+            cfg.health_check_interval_s, cfg.health_check_failures
+        ),
+        "no health checks",
+    );
+    differs(
         "max_concurrent_requests",
         true,
         "--max-concurrent-requests",
@@ -459,6 +483,16 @@ impl GatewayConfig {
         if self.metrics_require_auth && self.api_keys_file.is_none() {
             return Err(ConfigError(
                 "--metrics-require-auth needs --api-keys-file (the keys /metrics would require)"
+                    .into(),
+            ));
+        }
+        let seconds = |s: f64, zero_ok: bool| s.is_finite() && (s > 0.0 || (zero_ok && s == 0.0));
+        if !(seconds(self.health_check_interval_s, true)
+            && seconds(self.health_check_timeout_s, false))
+        {
+            return Err(ConfigError(
+                "--health-check-interval-s must be 0 (off) or positive and \
+                 --health-check-timeout-s positive, in seconds"
                     .into(),
             ));
         }
@@ -669,6 +703,7 @@ mod tests {
                 "--request-timeout-s",
                 "--stream-idle-timeout-s",
                 "--connect-timeout-s",
+                "--health-check-interval-s",
                 "--max-concurrent-requests"
             ]
         );
@@ -684,6 +719,7 @@ mod tests {
                 "--request-timeout-s",
                 "--stream-idle-timeout-s",
                 "--connect-timeout-s",
+                "--health-check-interval-s",
                 "--max-concurrent-requests"
             ],
             "a flag given is a choice made"
@@ -700,6 +736,7 @@ mod tests {
                 "--request-timeout-s=600",
                 "--stream-idle-timeout-s=600",
                 "--connect-timeout-s=3",
+                "--health-check-interval-s=5",
                 "--max-concurrent-requests=1024",
             ],
             &[("INFERA_ROUTER_DEFAULT_RETENTION", "none")],

@@ -110,7 +110,19 @@ pub async fn dispatch(
         if let Some(rank) = target.dp_rank {
             request = request.header("x-data-parallel-rank", rank.to_string());
         }
-        match tokio::time::timeout(ctx.timeout, request.send()).await {
+        let answer = tokio::select! {
+            answer = tokio::time::timeout(ctx.timeout, request.send()) => answer,
+            _ = ctx.breakers.stalled(&worker) => {
+                // A hung engine: try another, as for one that cannot be reached.
+                tracing::warn!(worker = %worker, request_id, "worker stopped answering its health checks");
+                last_error = Some(ApiError::new(
+                    ErrorClass::BadGateway,
+                    format!("worker {worker} stopped answering its health checks"),
+                ));
+                continue;
+            }
+        };
+        match answer {
             Err(_) => {
                 ctx.breakers.on_failure(&worker, Instant::now());
                 return Err(ApiError::new(

@@ -15,6 +15,7 @@ pub mod config;
 pub mod discovery;
 pub mod dispatch;
 pub mod gateway;
+pub mod health_check;
 pub mod http_serve;
 pub mod index_bench;
 pub mod json_limits;

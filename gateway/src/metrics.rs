@@ -137,6 +137,7 @@ struct Inner {
     pd_requests: BTreeMap<(&'static str, Outcome), u64>,
     pd_decode_retries: u64,
     admission_refused: u64,
+    health_changes: BTreeMap<&'static str, u64>,
 }
 
 /// kv-aware gauges read at render time.
@@ -217,6 +218,12 @@ impl Metrics {
     /// A request carried a cache hint of `retention`.
     pub fn record_cache_control(&self, retention: &'static str) {
         self.with(|m| *m.cache_control.entry(retention).or_default() += 1);
+    }
+
+    /// Counts a worker starting to fail its health checks, or passing them again.
+    pub fn record_health_change(&self, failing: bool) {
+        let to = if failing { "failing" } else { "passing" };
+        self.with(|m| *m.health_changes.entry(to).or_insert(0) += 1);
     }
 
     /// A request refused by admission control (429).
@@ -509,6 +516,18 @@ impl Metrics {
             "infera_gateway_admission_refused_total {}",
             m.admission_refused
         );
+        header(
+            &mut out,
+            "infera_gateway_health_changes_total",
+            "counter",
+            "Workers that started failing their health checks, or passing them again.",
+        );
+        for (to, n) in &m.health_changes {
+            let _ = writeln!(
+                out,
+                "infera_gateway_health_changes_total{{to=\"{to}\"}} {n}"
+            );
+        }
         header(
             &mut out,
             "infera_gateway_connections_open",

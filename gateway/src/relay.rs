@@ -117,6 +117,25 @@ async fn next_or_abort(
     }
 }
 
+/// `abort`, or the worker starting to fail its health checks, whichever comes first.
+fn with_stall(abort: Option<Abort>, breakers: &Breakers, worker: &str) -> Option<Abort> {
+    let stalled = breakers.stalled(worker);
+    let message = format!("worker {worker} stopped answering its health checks");
+    let stall = async move {
+        stalled.await;
+        ApiError::new(ErrorClass::BadGateway, message)
+    };
+    Some(match abort {
+        None => Box::pin(stall),
+        Some(abort) => Box::pin(async move {
+            tokio::select! {
+                e = abort => e,
+                e = stall => e,
+            }
+        }),
+    })
+}
+
 /// The client-bound body for an upstream response.
 pub fn relay_body(
     response: reqwest::Response,
@@ -127,6 +146,7 @@ pub fn relay_body(
     idle: Duration,
     abort: Option<Abort>,
 ) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send {
+    let abort = with_stall(abort, &breakers, &worker);
     let state = RelayState {
         upstream: Box::pin(response.bytes_stream()),
         guard,

@@ -9,6 +9,7 @@ use crate::discovery::etcd::run_etcd_discovery;
 use crate::discovery::kubernetes::{build_kube_client, run_kubernetes_discovery};
 use crate::discovery::static_file::{load_worker_file, watch_worker_file};
 use crate::gateway::Gateway;
+use crate::health_check::run_health_checks;
 use crate::http_serve::{ServeOptions, serve};
 use crate::kv_ingest::{run_nats_ingest, run_zmq_ingest};
 use crate::reload::{RELOAD_INTERVAL, reload_every};
@@ -158,6 +159,7 @@ fn finish_start(
     mut tasks: JoinSet<()>,
 ) -> Result<RunningGateway, ConfigError> {
     spawn_kv_ingest(&gateway, &mut tasks, &stop_rx);
+    tasks.spawn(run_health_checks(gateway.clone(), stop_rx.clone()));
     let addr = listener
         .local_addr()
         .map_err(|e| ConfigError(e.to_string()))?;

@@ -161,3 +161,35 @@ pub fn free_port() -> io::Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
 }
+
+/// A binary of this workspace built beside the running test (`target/<profile>/NAME`);
+/// `cargo test --workspace` builds every one first, a single package's tests do not.
+pub fn workspace_binary(name: &str) -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .ok_or("the test binary has no target folder")?
+        .join(name);
+    if bin.exists() {
+        Ok(bin)
+    } else {
+        Err(format!(
+            "{} is missing: run `cargo build -p {name}` first (or test the workspace)",
+            bin.display()
+        ))
+    }
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`, ...) to `pid` with `kill`.
+pub fn signal(pid: u32, signal: &str) -> Result<(), String> {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .map_err(|e| format!("kill {signal} {pid}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("kill {signal} {pid}: {status}"))
+    }
+}

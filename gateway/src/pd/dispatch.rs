@@ -134,7 +134,26 @@ fn spawn_prefill(
     .shared()
 }
 
+/// The prefill leg's answer, ended early when the worker starts failing its health
+/// checks (a hung engine never answers).
 async fn run_prefill(
+    gw: &Gateway,
+    request: reqwest::RequestBuilder,
+    worker: &str,
+) -> Result<Bytes, (&'static str, ApiError)> {
+    tokio::select! {
+        answer = prefill_answer(gw, request, worker) => answer,
+        _ = gw.breakers.stalled(worker) => Err((
+            "prefill_stalled",
+            ApiError::new(
+                ErrorClass::BadGateway,
+                format!("prefill worker {worker} stopped answering its health checks"),
+            ),
+        )),
+    }
+}
+
+async fn prefill_answer(
     gw: &Gateway,
     request: reqwest::RequestBuilder,
     worker: &str,
@@ -237,33 +256,42 @@ async fn open_decode(
     let mut backoff = DECODE_RETRY_BACKOFF;
     let mut attempt = 0;
     loop {
-        let failure =
-            match tokio::time::timeout(timeout, post(gw, target, path, leg, rid).send()).await {
-                Err(_) => {
-                    gw.breakers.on_failure(worker, Instant::now());
-                    return Err(ApiError::new(
-                        ErrorClass::GatewayTimeout,
-                        format!("decode worker {worker} did not answer within {timeout:?}"),
-                    ));
-                }
-                Ok(Ok(response)) if !response.status().is_server_error() => {
-                    gw.breakers.on_success(worker);
-                    gw.metrics
-                        .observe_pd_leg("decode", started.elapsed().as_secs_f64());
-                    return Ok(response);
-                }
-                Ok(Ok(response)) => {
-                    let status = response.status();
-                    let idle = Duration::from_secs_f64(gw.cfg.stream_idle_timeout_s);
-                    let body = tokio::time::timeout(idle, response.bytes())
-                        .await
-                        .ok()
-                        .and_then(Result::ok)
-                        .unwrap_or_default();
-                    format!("answered {status}: {}", error_text(&body))
-                }
-                Ok(Err(e)) => format!("is unreachable: {}", crate::dispatch::root_cause(&e)),
-            };
+        let send = tokio::time::timeout(timeout, post(gw, target, path, leg, rid).send());
+        let answer = tokio::select! {
+            answer = send => answer,
+            _ = gw.breakers.stalled(worker) => {
+                return Err(ApiError::new(
+                    ErrorClass::BadGateway,
+                    format!("decode worker {worker} stopped answering its health checks"),
+                ));
+            }
+        };
+        let failure = match answer {
+            Err(_) => {
+                gw.breakers.on_failure(worker, Instant::now());
+                return Err(ApiError::new(
+                    ErrorClass::GatewayTimeout,
+                    format!("decode worker {worker} did not answer within {timeout:?}"),
+                ));
+            }
+            Ok(Ok(response)) if !response.status().is_server_error() => {
+                gw.breakers.on_success(worker);
+                gw.metrics
+                    .observe_pd_leg("decode", started.elapsed().as_secs_f64());
+                return Ok(response);
+            }
+            Ok(Ok(response)) => {
+                let status = response.status();
+                let idle = Duration::from_secs_f64(gw.cfg.stream_idle_timeout_s);
+                let body = tokio::time::timeout(idle, response.bytes())
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .unwrap_or_default();
+                format!("answered {status}: {}", error_text(&body))
+            }
+            Ok(Err(e)) => format!("is unreachable: {}", crate::dispatch::root_cause(&e)),
+        };
         gw.breakers.on_failure(worker, Instant::now());
         if attempt == DECODE_OPEN_RETRIES {
             gw.metrics.record_pd_failure("decode_failed");
