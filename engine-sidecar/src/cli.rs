@@ -4,6 +4,7 @@
 //! the engine verbatim. Each infera flag has an `INFERA_*` environment variable
 //! (flag > environment > default).
 
+use infera_etcd_conn::EtcdSecurity;
 use std::time::Duration;
 use thiserror::Error;
 
@@ -29,6 +30,8 @@ pub struct SidecarArgs {
     pub etcd_endpoints: Vec<String>,
     /// etcd prefix.
     pub etcd_prefix: String,
+    /// TLS and auth of the etcd connection.
+    pub etcd_security: EtcdSecurity,
     /// Host other machines reach the engine at.
     pub advertise_host: String,
     /// Longest drain.
@@ -84,6 +87,9 @@ pub enum CliError {
         /// Why.
         message: String,
     },
+    /// Flags that cannot work together.
+    #[error("{0}")]
+    Invalid(String),
     /// `--help`.
     #[error("{USAGE}")]
     Help,
@@ -93,6 +99,10 @@ pub enum CliError {
 pub const USAGE: &str = "Infera flags (each also as the environment variable in brackets):
   --etcd-endpoint URL[,URL]   etcd to register in [INFERA_ETCD_ENDPOINT] (http://127.0.0.1:2379)
   --etcd-prefix PREFIX        key prefix of worker records [INFERA_ETCD_PREFIX] (/infera/workers/)
+  --etcd-ca-file, --etcd-cert-file, --etcd-key-file PEM   TLS to https:// etcd endpoints: the CA
+                              of etcd's certificate, a client certificate and its key
+                              [INFERA_ETCD_CA_FILE, INFERA_ETCD_CERT_FILE, INFERA_ETCD_KEY_FILE]
+  --etcd-user USER, --etcd-password-file FILE   etcd auth [INFERA_ETCD_USER, INFERA_ETCD_PASSWORD_FILE]
   --discovery-backend etcd|kubernetes   kubernetes: the record goes in this Pod's
                               infera.amd.com/worker-info annotation (POD_NAME from the downward API)
                               [INFERA_DISCOVERY_BACKEND] (etcd)
@@ -155,9 +165,14 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
         "1" | "true" | "yes"
     );
     let mut engine_args = Vec::new();
-    const VALUED: [&str; 14] = [
+    const VALUED: [&str; 19] = [
         "--etcd-endpoint",
         "--etcd-prefix",
+        "--etcd-ca-file",
+        "--etcd-cert-file",
+        "--etcd-key-file",
+        "--etcd-user",
+        "--etcd-password-file",
         "--advertise-host",
         "--drain-timeout",
         "--lease-ttl",
@@ -223,6 +238,15 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
         ),
     };
     let status_port = get("--status-port", "INFERA_STATUS_PORT", "0");
+    let optional = |flag: &str, env: &str| Some(get(flag, env, "")).filter(|v| !v.is_empty());
+    let etcd_security = EtcdSecurity {
+        ca_file: optional("--etcd-ca-file", "INFERA_ETCD_CA_FILE").map(Into::into),
+        cert_file: optional("--etcd-cert-file", "INFERA_ETCD_CERT_FILE").map(Into::into),
+        key_file: optional("--etcd-key-file", "INFERA_ETCD_KEY_FILE").map(Into::into),
+        user: optional("--etcd-user", "INFERA_ETCD_USER"),
+        password_file: optional("--etcd-password-file", "INFERA_ETCD_PASSWORD_FILE")
+            .map(Into::into),
+    };
     let gid_index = match get("--gid-index", "INFERA_GID_INDEX", "").as_str() {
         "" => None,
         v => Some(v.parse().map_err(|_| CliError::BadValue {
@@ -230,9 +254,10 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
             message: format!("{v:?} is not a GID index"),
         })?),
     };
-    Ok(SidecarArgs {
+    let args = SidecarArgs {
         engine,
         etcd_endpoints,
+        etcd_security,
         etcd_prefix: get(
             "--etcd-prefix",
             "INFERA_ETCD_PREFIX",
@@ -301,7 +326,13 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
             }
         },
         engine_args,
-    })
+    };
+    if args.kubernetes_pod.is_none() {
+        args.etcd_security
+            .validate(&args.etcd_endpoints)
+            .map_err(|e| CliError::Invalid(e.0))?;
+    }
+    Ok(args)
 }
 
 #[cfg(test)]

@@ -347,6 +347,7 @@ async fn run() -> i32 {
             key: build_worker_key(&args.etcd_prefix, &record.worker_id),
             value: record.to_json(),
             ttl: args.lease_ttl,
+            security: args.etcd_security.clone(),
         },
         state,
         stop_rx,

@@ -3,6 +3,7 @@
 //! lost its data). Deregistration revokes the lease, so the key disappears at once.
 
 use etcd_client::{Client, ConnectOptions, PutOptions};
+use infera_etcd_conn::{EtcdSecurity, EtcdSecurityError};
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -23,15 +24,23 @@ pub struct RegistrationState {
 
 /// Why a registration round ended.
 #[derive(Debug, thiserror::Error)]
-#[error("etcd {action}: {source}")]
-pub struct RegisterError {
-    action: &'static str,
-    #[source]
-    source: etcd_client::Error,
+pub enum RegisterError {
+    /// An etcd call failed.
+    #[error("etcd {action}: {source}")]
+    Call {
+        /// What was being done.
+        action: &'static str,
+        /// The client error.
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// The TLS or auth files cannot be read.
+    #[error("{0}")]
+    Security(#[from] EtcdSecurityError),
 }
 
 fn call(action: &'static str) -> impl FnOnce(etcd_client::Error) -> RegisterError {
-    move |source| RegisterError { action, source }
+    move |source| RegisterError::Call { action, source }
 }
 
 /// What to register where.
@@ -45,6 +54,8 @@ pub struct Registration {
     pub value: String,
     /// Lease TTL.
     pub ttl: Duration,
+    /// TLS and auth of the etcd connection.
+    pub security: EtcdSecurity,
 }
 
 /// Keeps the record registered until `stop` turns true, then revokes the lease.
@@ -83,9 +94,10 @@ pub async fn run_registration(
     state.send_modify(|s| s.registered = false);
 }
 
-async fn connect(endpoints: &[String]) -> Result<Client, RegisterError> {
+async fn connect(reg: &Registration) -> Result<Client, RegisterError> {
     let options = ConnectOptions::new().with_connect_timeout(Duration::from_secs(3));
-    Client::connect(endpoints, Some(options))
+    let options = reg.security.apply(options)?;
+    Client::connect(&reg.endpoints, Some(options))
         .await
         .map_err(call("connect"))
 }
@@ -96,7 +108,7 @@ async fn keep_registered(
     state: &watch::Sender<RegistrationState>,
     current: &Mutex<Option<i64>>,
 ) -> Result<(), RegisterError> {
-    let mut client = connect(&reg.endpoints).await?;
+    let mut client = connect(reg).await?;
     let ttl_secs = reg.ttl.as_secs().max(1) as i64;
     let lease = client
         .lease_grant(ttl_secs, None)
@@ -141,7 +153,7 @@ async fn keep_registered(
 }
 
 async fn deregister(reg: &Registration, lease: i64) {
-    let result = match connect(&reg.endpoints).await {
+    let result = match connect(reg).await {
         Ok(mut client) => client
             .lease_revoke(lease)
             .await

@@ -40,12 +40,17 @@ struct Launched {
 
 async fn launch(prefix: &str, ttl: &str) -> Launched {
     let etcd = infera_testkit::etcd_endpoint().await.unwrap();
+    launch_with(&etcd, prefix, ttl, &[]).await
+}
+
+/// A sidecar launching a simulated engine, registering in `etcd` with `extra` flags.
+async fn launch_with(etcd: &str, prefix: &str, ttl: &str, extra: &[String]) -> Launched {
     let port = free_port().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let args: Vec<String> = args_of(&[
+    let mut args: Vec<String> = args_of(&[
         "sim",
         "--etcd-endpoint",
-        &etcd,
+        etcd,
         "--etcd-prefix",
         prefix,
         "--advertise-host",
@@ -66,6 +71,7 @@ async fn launch(prefix: &str, ttl: &str) -> Launched {
         "--speedup",
         "20",
     ]);
+    args.extend_from_slice(extra);
     let sidecar =
         ServerProcess::start(Path::new(SIDECAR), &args, &dir.path().join("sidecar.log")).unwrap();
     Launched {
@@ -233,6 +239,77 @@ async fn a_hung_engine_is_deregistered_and_stopped() {
         l.sidecar.log_tail(20)
     );
     assert!(!health_ok(l.port), "the hung engine was left running");
+}
+
+/// An etcd serving TLS that requires client certificates and, with auth on, a user
+/// (as the operator mounts them from Secrets): the sidecar registers with its
+/// certificate and password, and revokes its lease on SIGTERM.
+#[tokio::test]
+async fn registers_in_an_etcd_with_tls_client_certificates_and_a_password() {
+    use etcd_client::{Client, ConnectOptions};
+    use infera_etcd_conn::EtcdSecurity;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = infera_testkit::certs::Pki::new(dir.path()).unwrap();
+    let etcd = infera_testkit::etcd::EtcdServer::start_tls(&pki)
+        .await
+        .unwrap();
+    let (root_cert, root_key) = pki.issue("root").unwrap();
+    let root = EtcdSecurity {
+        ca_file: Some(pki.ca.clone()),
+        cert_file: Some(root_cert),
+        key_file: Some(root_key),
+        ..Default::default()
+    };
+    let options = root.apply(ConnectOptions::new()).unwrap();
+    let mut admin = Client::connect([etcd.endpoint()], Some(options))
+        .await
+        .unwrap();
+    let prefix = unique_prefix("sidecar-tls");
+    infera_testkit::etcd::enable_auth(
+        &mut admin,
+        &prefix,
+        "infera-sidecar",
+        "sidecar-password",
+        true,
+    )
+    .await
+    .unwrap();
+    let password = dir.path().join("password");
+    std::fs::write(&password, "sidecar-password\n").unwrap();
+    let (cert, key) = pki.issue("sidecar").unwrap();
+    let path = |p: &Path| p.display().to_string();
+    let flags: Vec<String> = vec![
+        "--etcd-ca-file".into(),
+        path(&pki.ca),
+        "--etcd-cert-file".into(),
+        path(&cert),
+        "--etcd-key-file".into(),
+        path(&key),
+        "--etcd-user".into(),
+        "infera-sidecar".into(),
+        "--etcd-password-file".into(),
+        path(&password),
+    ];
+    let mut l = launch_with(etcd.endpoint(), &prefix, "30", &flags).await;
+    // Read back as root (its certificate names the user once auth is on).
+    let present = |admin: &mut Client| {
+        let mut admin = admin.clone();
+        let key = l.key.clone();
+        async move { !admin.get(key, None).await.unwrap().kvs().is_empty() }
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !present(&mut admin).await {
+        assert!(
+            Instant::now() < deadline,
+            "never registered: {}",
+            l.sidecar.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    l.sidecar.terminate();
+    let exit = l.sidecar.wait_exit(Duration::from_secs(20)).await;
+    assert!(exit.is_some(), "{}", l.sidecar.log_tail(20));
+    assert!(!present(&mut admin).await, "the lease was not revoked");
 }
 
 /// The child of `parent` (the engine the sidecar launched), from /proc.

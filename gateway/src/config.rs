@@ -10,6 +10,7 @@
 use crate::breaker::BreakerConfig;
 use crate::policy::PolicyKind;
 use clap::{Parser, ValueEnum};
+use infera_etcd_conn::EtcdSecurity;
 use infera_proto::discovery::DEFAULT_ETCD_PREFIX;
 use infera_proto::retention::Retention;
 use std::path::PathBuf;
@@ -132,6 +133,27 @@ pub struct GatewayConfig {
     /// etcd prefix of worker records.
     #[arg(long, env = "INFERA_ETCD_PREFIX", default_value = DEFAULT_ETCD_PREFIX)]
     pub etcd_prefix: String,
+
+    /// PEM CA that signed etcd's certificate (https:// endpoints), e.g. `ca.crt` of a
+    /// mounted Secret. Files are read again on every reconnect.
+    #[arg(long, env = "INFERA_ETCD_CA_FILE")]
+    pub etcd_ca_file: Option<PathBuf>,
+
+    /// PEM client certificate for etcd's --client-cert-auth (with --etcd-key-file).
+    #[arg(long, env = "INFERA_ETCD_CERT_FILE")]
+    pub etcd_cert_file: Option<PathBuf>,
+
+    /// PEM private key of --etcd-cert-file.
+    #[arg(long, env = "INFERA_ETCD_KEY_FILE")]
+    pub etcd_key_file: Option<PathBuf>,
+
+    /// etcd user, when etcd has auth enabled (with --etcd-password-file).
+    #[arg(long, env = "INFERA_ETCD_USER")]
+    pub etcd_user: Option<String>,
+
+    /// File holding the etcd user's password.
+    #[arg(long, env = "INFERA_ETCD_PASSWORD_FILE")]
+    pub etcd_password_file: Option<PathBuf>,
 
     /// Seconds to keep routing to the last known workers when etcd comes back empty (it
     /// restarted without its data): each worker whose sidecar registers again within
@@ -467,8 +489,24 @@ impl GatewayConfig {
         self.router_policy == PolicyArg::KvAware
     }
 
+    /// How to secure the etcd connection.
+    pub fn etcd_security(&self) -> EtcdSecurity {
+        EtcdSecurity {
+            ca_file: self.etcd_ca_file.clone(),
+            cert_file: self.etcd_cert_file.clone(),
+            key_file: self.etcd_key_file.clone(),
+            user: self.etcd_user.clone(),
+            password_file: self.etcd_password_file.clone(),
+        }
+    }
+
     /// Checks flags that depend on each other or on capabilities not built yet.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.discovery_backend == DiscoveryBackend::Etcd {
+            self.etcd_security()
+                .validate(&self.etcd_endpoints)
+                .map_err(|e| ConfigError(e.0))?;
+        }
         if self.kv_aware()
             && self.kv_event_transport == KvEventTransport::Nats
             && self.nats_server.is_none()

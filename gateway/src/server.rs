@@ -76,6 +76,7 @@ pub async fn start_gateway(
         DiscoveryBackend::Etcd => {
             tasks.spawn(run_etcd_discovery(
                 cfg.etcd_endpoints.clone(),
+                cfg.etcd_security(),
                 cfg.etcd_prefix.clone(),
                 Duration::from_secs_f64(cfg.empty_resync_grace_s.max(0.0)),
                 gateway.registry.clone(),

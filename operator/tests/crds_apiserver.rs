@@ -249,6 +249,39 @@ async fn invalid_manifests_are_rejected_with_a_message_naming_the_field() {
             "spec.model.source.huggingFace.id in body should match",
         ),
         (
+            "https etcd endpoints without the TLS Secret",
+            with_spec(
+                BASE,
+                &["discovery: {backend: etcd, etcd: {endpoints: ['https://etcd:2379']}}"],
+            ),
+            "https:// endpoints go with tlsSecretName",
+        ),
+        (
+            "an etcd TLS Secret for http endpoints",
+            with_spec(
+                BASE,
+                &[
+                    "discovery: {backend: etcd, etcd: {endpoints: ['http://etcd:2379'], tlsSecretName: etcd-client}}",
+                ],
+            ),
+            "https:// endpoints go with tlsSecretName",
+        ),
+        (
+            "an etcd user without a password",
+            with_spec(
+                BASE,
+                &[
+                    "discovery: {backend: etcd, etcd: {endpoints: ['http://etcd:2379'], user: infera}}",
+                ],
+            ),
+            "spec.discovery.etcd: user and passwordSecretRef go together",
+        ),
+        (
+            "metricsRequireAuth without keys",
+            with_spec(BASE, &["gateway: {metricsRequireAuth: true}"]),
+            "spec.gateway.metricsRequireAuth needs spec.gateway.apiKeysSecretRef",
+        ),
+        (
             "etcd settings with no endpoint",
             with_spec(BASE, &["discovery: {backend: etcd, etcd: {endpoints: []}}"]),
             "spec.discovery.etcd.endpoints: Invalid value",

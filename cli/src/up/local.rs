@@ -348,6 +348,7 @@ pub async fn start(plan: &LocalPlan, host: &str, discovery: Discovery) -> Result
                             key: build_worker_key(&run_prefix(), &record.worker_id),
                             value: record.to_json(),
                             ttl: LEASE_TTL,
+                            security: Default::default(),
                         };
                         let (state, _) = watch::channel(RegistrationState::default());
                         registrations.spawn(run_registration(reg, state, stop_rx.clone()));

@@ -19,6 +19,7 @@ use crate::discovery::decode_record;
 use crate::metrics::Metrics;
 use crate::registry::Registry;
 use etcd_client::{Client, ConnectOptions, EventType, GetOptions, WatchOptions};
+use infera_etcd_conn::{EtcdSecurity, EtcdSecurityError};
 use infera_proto::discovery::{
     WATCH_BACKOFF_MAX, WATCH_BACKOFF_MIN, normalize_prefix, worker_id_from_key,
 };
@@ -55,11 +56,15 @@ pub enum EtcdDiscoveryError {
     /// The server ended the watch.
     #[error("watch ended by the server")]
     WatchEnded,
+    /// The TLS or auth files cannot be read.
+    #[error("{0}")]
+    Security(EtcdSecurityError),
 }
 
 /// Runs etcd discovery until `stop` turns true.
 pub async fn run_etcd_discovery(
     endpoints: Vec<String>,
+    security: EtcdSecurity,
     prefix: String,
     empty_resync_grace: Duration,
     registry: Arc<Registry>,
@@ -75,6 +80,9 @@ pub async fn run_etcd_discovery(
             .with_connect_timeout(Duration::from_secs(3))
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
         let round = async {
+            let options = security
+                .apply(options)
+                .map_err(EtcdDiscoveryError::Security)?;
             let mut client =
                 Client::connect(&endpoints, Some(options))
                     .await

@@ -543,8 +543,10 @@ pub struct DiscoverySpec {
 }
 
 /// An etcd cluster.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.tlsSecretName) == self.endpoints.all(e, e.startsWith('https://'))").message("spec.discovery.etcd: https:// endpoints go with tlsSecretName (the CA and client certificate), http:// ones without it"))]
+#[x_kube(validation = Rule::new("has(self.user) == has(self.passwordSecretRef)").message("spec.discovery.etcd: user and passwordSecretRef go together"))]
 pub struct EtcdSpec {
     /// Client URLs, `http(s)://host:port`.
     #[schemars(length(min = 1), inner(regex(pattern = r"^https?://[^/\s]+$")))]
@@ -553,6 +555,20 @@ pub struct EtcdSpec {
     #[serde(default = "etcd_prefix")]
     #[schemars(regex(pattern = r"^/"))]
     pub prefix: String,
+    /// TLS to `https://` endpoints: a Secret holding `ca.crt` (the CA of etcd's
+    /// certificate), `tls.crt` and `tls.key` (a client certificate for etcd's
+    /// `--client-cert-auth`), as cert-manager's `Certificate` writes it. Mounted into the
+    /// gateways and the sidecars; a renewal is used from their next reconnect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub tls_secret_name: Option<String>,
+    /// etcd user, when etcd has auth enabled (with `passwordSecretRef`); it needs read
+    /// on the prefix for the gateways and write for the sidecars.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Secret key holding that user's password.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_secret_ref: Option<SecretKeyRef>,
 }
 
 fn etcd_prefix() -> String {

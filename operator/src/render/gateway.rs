@@ -6,15 +6,15 @@
 use super::engine::{ENGINE_PORT, MODEL_MOUNT};
 use super::names;
 use super::pod::{model_mount, model_volume, restricted_security};
+use super::secrets::{etcd_client_args, etcd_client_volumes, one_key, secret_volume};
 use super::{Child, Ctx, Kind, ModelVolume, child};
 use crate::api::{DiscoveryBackend, EngineKind, InferaDeploymentSpec, RoutingPolicy, ServiceType};
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, HTTPGetAction, KeyToPath, PodSpec, PodTemplateSpec, Probe,
-    ResourceRequirements, SecretVolumeSource, Service, ServiceAccount, ServicePort, ServiceSpec,
-    Volume, VolumeMount,
+    Container, ContainerPort, HTTPGetAction, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+    Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role as RbacRole, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -149,8 +149,7 @@ pub fn gateway_args(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec, model_path: &str
     match (&spec.discovery.backend, &spec.discovery.etcd) {
         (DiscoveryBackend::Etcd, Some(etcd)) => {
             args.extend(["--discovery-backend".into(), "etcd".into()]);
-            args.extend(["--etcd-endpoint".into(), etcd.endpoints.join(",")]);
-            args.extend(["--etcd-prefix".into(), etcd.prefix.clone()]);
+            args.extend(etcd_client_args(etcd));
         }
         _ => {
             args.extend(["--discovery-backend".into(), "kubernetes".into()]);
@@ -193,43 +192,19 @@ const API_KEYS_FILE: &str = "keys";
 /// Where the TLS Secret is mounted.
 const TLS_DIR: &str = "/etc/infera/tls";
 
-/// The Secret volumes (and their mounts) the gateway's auth and TLS read. Mounted whole
-/// (no `subPath`), so the kubelet updates them in place when the Secret changes.
+/// The Secret volumes (and their mounts) the gateway reads: API keys, its certificate,
+/// etcd's TLS and auth.
 fn secret_volumes(spec: &InferaDeploymentSpec) -> Vec<(Volume, VolumeMount)> {
     let mut out = Vec::new();
-    let volume = |name: &str, secret: &str, items: Option<Vec<KeyToPath>>, dir: &str| {
-        let volume = Volume {
-            name: name.into(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(secret.into()),
-                items,
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let mount = VolumeMount {
-            name: name.into(),
-            mount_path: dir.into(),
-            read_only: Some(true),
-            ..Default::default()
-        };
-        (volume, mount)
-    };
     if let Some(keys) = &spec.gateway.api_keys_secret_ref {
-        let item = KeyToPath {
-            key: keys.key.clone(),
-            path: API_KEYS_FILE.into(),
-            ..Default::default()
-        };
-        out.push(volume(
-            "api-keys",
-            &keys.name,
-            Some(vec![item]),
-            API_KEYS_DIR,
-        ));
+        let items = one_key(keys, API_KEYS_FILE);
+        out.push(secret_volume("api-keys", &keys.name, items, API_KEYS_DIR));
     }
     if let Some(tls) = &spec.gateway.tls {
-        out.push(volume("tls", &tls.secret_name, None, TLS_DIR));
+        out.push(secret_volume("tls", &tls.secret_name, None, TLS_DIR));
+    }
+    if let (DiscoveryBackend::Etcd, Some(etcd)) = (&spec.discovery.backend, &spec.discovery.etcd) {
+        out.extend(etcd_client_volumes(etcd));
     }
     out
 }

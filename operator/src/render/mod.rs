@@ -13,6 +13,7 @@ pub mod names;
 pub mod network_policy;
 pub mod pod;
 pub mod quantity;
+pub mod secrets;
 pub mod token;
 pub mod workers;
 
@@ -96,6 +97,9 @@ pub fn with_platform_endpoints(
         spec.discovery.etcd = Some(EtcdSpec {
             endpoints: platform.etcd_endpoints.clone(),
             prefix: infera_proto::discovery::DEFAULT_ETCD_PREFIX.into(),
+            tls_secret_name: None,
+            user: None,
+            password_secret_ref: None,
         });
     }
     if spec.messaging.backend == MessagingBackend::Nats && spec.messaging.nats_url.is_none() {

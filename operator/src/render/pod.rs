@@ -214,8 +214,7 @@ fn sidecar_args(
     ];
     match (&spec.discovery.backend, &spec.discovery.etcd) {
         (DiscoveryBackend::Etcd, Some(etcd)) => {
-            args.extend(["--etcd-endpoint".into(), etcd.endpoints.join(",")]);
-            args.extend(["--etcd-prefix".into(), etcd.prefix.clone()]);
+            args.extend(super::secrets::etcd_client_args(etcd));
         }
         _ => {
             args.extend(["--discovery-backend".into(), "kubernetes".into()]);
@@ -277,6 +276,23 @@ pub fn drain_token(owner_uid: &str) -> String {
 /// The header that carries it (the sidecar's `DRAIN_TOKEN_HEADER`).
 const DRAIN_TOKEN_HEADER: &str = "x-infera-drain-token";
 
+/// The sidecar's mounts: the model, and its API token or etcd's Secrets.
+fn sidecar_mounts(spec: &InferaDeploymentSpec) -> Vec<VolumeMount> {
+    let mut mounts = vec![model_mount()];
+    if kubernetes_discovery(spec) {
+        mounts.push(super::token::mount());
+    }
+    mounts.extend(etcd_secrets(spec).into_iter().map(|(_, m)| m));
+    mounts
+}
+
+fn etcd_secrets(spec: &InferaDeploymentSpec) -> Vec<(Volume, VolumeMount)> {
+    match (&spec.discovery.backend, &spec.discovery.etcd) {
+        (DiscoveryBackend::Etcd, Some(etcd)) => super::secrets::etcd_client_volumes(etcd),
+        _ => Vec::new(),
+    }
+}
+
 /// Whether the sidecar registers through its Pod's annotation (and so holds a token).
 fn kubernetes_discovery(spec: &InferaDeploymentSpec) -> bool {
     spec.discovery.backend == DiscoveryBackend::Kubernetes
@@ -297,6 +313,7 @@ fn volumes(spec: &InferaDeploymentSpec, model: &ModelVolume) -> Vec<Volume> {
     if kubernetes_discovery(spec) {
         v.push(super::token::volume());
     }
+    v.extend(etcd_secrets(spec).into_iter().map(|(v, _)| v));
     if spec.kv_cache.enabled {
         v.push(Volume {
             name: "kvd-socket".into(),
@@ -445,11 +462,7 @@ fn sidecar_container(spec: &InferaDeploymentSpec, input: &PodInput<'_>) -> Conta
             container_port: i32::from(SIDECAR_PORT),
             ..Default::default()
         }]),
-        volume_mounts: Some(if kubernetes_discovery(spec) {
-            vec![model_mount(), super::token::mount()]
-        } else {
-            vec![model_mount()]
-        }),
+        volume_mounts: Some(sidecar_mounts(spec)),
         security_context: Some(restricted_security()),
         resources: Some(ResourceRequirements {
             requests: Some(BTreeMap::from([

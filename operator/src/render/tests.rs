@@ -582,6 +582,78 @@ fn a_gateway_with_keys_and_tls_mounts_both_secrets_and_probes_https() {
 }
 
 #[test]
+fn etcd_tls_and_auth_reach_the_gateway_and_every_sidecar() {
+    let (mut deps, topos) = load(&repo().join("examples/sim/deployment.yaml"));
+    let dep = &mut deps[0];
+    let name = dep.metadata.name.clone().unwrap();
+    dep.spec.discovery.backend = crate::api::DiscoveryBackend::Etcd;
+    dep.spec.discovery.etcd = Some(crate::api::EtcdSpec {
+        endpoints: vec!["https://etcd-0:2379".into(), "https://etcd-1:2379".into()],
+        prefix: "/infera/workers/".into(),
+        tls_secret_name: Some("etcd-client".into()),
+        user: Some("infera".into()),
+        password_secret_ref: Some(crate::api::SecretKeyRef {
+            name: "etcd-password".into(),
+            key: "pw".into(),
+        }),
+    });
+    let r = render_example(dep, &topos, true);
+    let gateway_pod = &find(&r, Kind::Deployment, &format!("{name}-gateway"))["spec"]["template"];
+    let engine_pod = &find(&r, Kind::StatefulSet, &format!("{name}-mixed"))["spec"]["template"];
+    for (pod, c, list, key) in [
+        (
+            gateway_pod,
+            container(gateway_pod, "containers", "gateway"),
+            "containers",
+            "args",
+        ),
+        (
+            engine_pod,
+            container(engine_pod, "initContainers", "sidecar"),
+            "initContainers",
+            "args",
+        ),
+    ] {
+        let a = args(c, key);
+        assert_eq!(
+            flag(&a, "--etcd-endpoint").as_deref(),
+            Some("https://etcd-0:2379,https://etcd-1:2379"),
+            "{list}"
+        );
+        assert_eq!(flag(&a, "--etcd-user").as_deref(), Some("infera"));
+        let volumes = pod["spec"]["volumes"].as_array().unwrap();
+        for (flag_name, secret, key) in [
+            ("--etcd-ca-file", "etcd-client", None),
+            ("--etcd-cert-file", "etcd-client", None),
+            ("--etcd-key-file", "etcd-client", None),
+            ("--etcd-password-file", "etcd-password", Some("pw")),
+        ] {
+            let file = flag(&a, flag_name).unwrap_or_else(|| panic!("{list}: no {flag_name}"));
+            let mount = c["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|m| file.starts_with(m["mountPath"].as_str().unwrap()))
+                .unwrap_or_else(|| panic!("{list}: {file} is not mounted"));
+            let volume = volumes.iter().find(|v| v["name"] == mount["name"]).unwrap();
+            assert_eq!(volume["secret"]["secretName"], secret);
+            if let Some(key) = key {
+                assert_eq!(volume["secret"]["items"][0]["key"], key);
+            }
+        }
+    }
+    // The engine container itself sees none of it.
+    let engine = container(engine_pod, "containers", "engine");
+    assert!(
+        engine["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| !m["mountPath"].as_str().unwrap().contains("etcd"))
+    );
+}
+
+#[test]
 fn only_the_deployments_own_pods_and_named_peers_reach_its_engines() {
     let (mut deps, topos) = load(&repo().join("examples/sim/deployment.yaml"));
     let dep = &mut deps[0];

@@ -1,0 +1,88 @@
+//! Secrets mounted into Infera's containers (pure), and the etcd client settings built
+//! on them. Each is mounted whole (no `subPath`), so the kubelet updates the files in
+//! place when the Secret changes, and the programs read them again.
+
+use crate::api::{EtcdSpec, SecretKeyRef};
+use k8s_openapi::api::core::v1::{KeyToPath, SecretVolumeSource, Volume, VolumeMount};
+
+/// Volume `name` of Secret `secret` (only `items`, renamed, when given) at `dir`.
+pub fn secret_volume(
+    name: &str,
+    secret: &str,
+    items: Option<Vec<KeyToPath>>,
+    dir: &str,
+) -> (Volume, VolumeMount) {
+    let volume = Volume {
+        name: name.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.into()),
+            items,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mount = VolumeMount {
+        name: name.into(),
+        mount_path: dir.into(),
+        read_only: Some(true),
+        ..Default::default()
+    };
+    (volume, mount)
+}
+
+/// One key of a Secret, as the file `path` in its volume.
+pub fn one_key(key: &SecretKeyRef, path: &str) -> Option<Vec<KeyToPath>> {
+    Some(vec![KeyToPath {
+        key: key.key.clone(),
+        path: path.into(),
+        ..Default::default()
+    }])
+}
+
+const ETCD_TLS_DIR: &str = "/etc/infera/etcd-tls";
+const ETCD_AUTH_DIR: &str = "/etc/infera/etcd-auth";
+
+/// The etcd flags of the gateway and the sidecar: endpoints, prefix, TLS and auth.
+pub fn etcd_client_args(etcd: &EtcdSpec) -> Vec<String> {
+    let mut args = vec![
+        "--etcd-endpoint".into(),
+        etcd.endpoints.join(","),
+        "--etcd-prefix".into(),
+        etcd.prefix.clone(),
+    ];
+    if etcd.tls_secret_name.is_some() {
+        for (flag, file) in [
+            ("--etcd-ca-file", "ca.crt"),
+            ("--etcd-cert-file", "tls.crt"),
+            ("--etcd-key-file", "tls.key"),
+        ] {
+            args.extend([flag.into(), format!("{ETCD_TLS_DIR}/{file}")]);
+        }
+    }
+    if let (Some(user), Some(_)) = (&etcd.user, &etcd.password_secret_ref) {
+        args.extend(["--etcd-user".into(), user.clone()]);
+        args.extend([
+            "--etcd-password-file".into(),
+            format!("{ETCD_AUTH_DIR}/password"),
+        ]);
+    }
+    args
+}
+
+/// The Secrets those flags name.
+pub fn etcd_client_volumes(etcd: &EtcdSpec) -> Vec<(Volume, VolumeMount)> {
+    let mut out = Vec::new();
+    if let Some(secret) = &etcd.tls_secret_name {
+        out.push(secret_volume("etcd-tls", secret, None, ETCD_TLS_DIR));
+    }
+    if let (Some(_), Some(password)) = (&etcd.user, &etcd.password_secret_ref) {
+        let items = one_key(password, "password");
+        out.push(secret_volume(
+            "etcd-auth",
+            &password.name,
+            items,
+            ETCD_AUTH_DIR,
+        ));
+    }
+    out
+}
