@@ -9,6 +9,7 @@ use crate::gateway::Gateway;
 use crate::json_limits::{JsonLimits, check_json_limits};
 use crate::kv_router::{RequestBlocks, block_size_of, has_multimodal_content};
 use crate::metrics::{KvGauges, Outcome};
+use crate::offload::off_workers;
 use crate::pd::connectors::{PdError, PdIds, PdPair, resolve_protocol};
 use crate::pd::dispatch::send_pair;
 use crate::registry::{Snapshot, Target};
@@ -258,7 +259,7 @@ async fn read_body(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Byte
         max_values: gw.cfg.max_request_values,
         max_depth: gw.cfg.max_request_depth,
     };
-    check_json_limits(&bytes, limits).map_err(|e| e.to_api_error())?;
+    off_workers(bytes.len(), || check_json_limits(&bytes, limits)).map_err(|e| e.to_api_error())?;
     Ok(bytes)
 }
 
@@ -278,6 +279,8 @@ struct RouteInput {
     hint: Option<Retention>,
     /// What engines are told (the hint, or the default).
     retention: Retention,
+    /// Bytes of the request body: large ones are tokenized off the async workers.
+    body_bytes: usize,
 }
 
 /// The hint a request carries and the retention to forward.
@@ -285,6 +288,7 @@ fn route_input(
     gw: &Gateway,
     kind: ApiKind,
     body: &Map<String, Value>,
+    body_bytes: usize,
 ) -> Result<RouteInput, ApiError> {
     let hint = parse_retention_hint(body).map_err(|e| {
         ApiError::new(ErrorClass::BadRequest, e.to_string()).with_param("infera_retention")
@@ -296,6 +300,7 @@ fn route_input(
         kind,
         hint,
         retention: hint.unwrap_or(gw.default_retention),
+        body_bytes,
     })
 }
 
@@ -312,9 +317,12 @@ async fn openai(gw: Shared, kind: ApiKind, headers: HeaderMap, body: Body) -> Re
     let rid = request_id(&headers);
     let prepared = async {
         let bytes = read_body(&gw, &headers, body).await?;
-        let (body, info) = validate_request(kind, &bytes, default_model(&gw).as_deref())?;
+        let model = default_model(&gw);
+        let (body, info) = off_workers(bytes.len(), || {
+            validate_request(kind, &bytes, model.as_deref())
+        })?;
+        let input = route_input(&gw, kind, &body, bytes.len())?;
         drop(bytes);
-        let input = route_input(&gw, kind, &body)?;
         Ok::<_, ApiError>((body, info, input))
     }
     .await;
@@ -466,7 +474,9 @@ fn hash_blocks<'t>(
 ) -> Option<RequestBlocks> {
     gw.kv.as_ref().map(|kv| {
         let sizes = targets.filter_map(|t| block_size_of(&t.record)).collect();
-        kv.hash_request(input.kind, body, &sizes)
+        off_workers(input.body_bytes, || {
+            kv.hash_request(input.kind, body, &sizes)
+        })
     })
 }
 
@@ -529,6 +539,7 @@ async fn forward_mixed(
         metrics: &gw.metrics,
         max_retries: gw.cfg.request_max_retries,
         timeout: Duration::from_secs_f64(gw.cfg.request_timeout_s),
+        body_bytes: input.body_bytes,
     };
     let blocks = hash_blocks(gw, input, body, candidates.iter());
     let multimodal = gw.kv.is_some() && has_multimodal_content(body);
@@ -713,16 +724,20 @@ async fn messages(State(gw): State<Shared>, headers: HeaderMap, body: Body) -> R
     let rid = request_id(&headers);
     let prepared = async {
         let bytes = read_body(&gw, &headers, body).await?;
-        let original: Value = serde_json::from_slice(&bytes).map_err(|e| {
-            ApiError::new(
-                ErrorClass::BadRequest,
-                format!("request body is not valid JSON: {e}"),
-            )
+        let (original, chat) = off_workers(bytes.len(), || {
+            let original: Value = serde_json::from_slice(&bytes).map_err(|e| {
+                ApiError::new(
+                    ErrorClass::BadRequest,
+                    format!("request body is not valid JSON: {e}"),
+                )
+            })?;
+            let chat = build_chat_request(&original)?;
+            Ok::<_, ApiError>((original, chat))
         })?;
-        let chat = build_chat_request(&original)?;
         // build_chat_request refuses anything but an object.
         let empty = Map::new();
-        let input = route_input(&gw, ApiKind::Chat, original.as_object().unwrap_or(&empty))?;
+        let object = original.as_object().unwrap_or(&empty);
+        let input = route_input(&gw, ApiKind::Chat, object, bytes.len())?;
         Ok::<_, ApiError>((chat, input))
     }
     .await;

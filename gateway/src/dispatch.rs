@@ -4,6 +4,7 @@
 
 use crate::breaker::Breakers;
 use crate::metrics::Metrics;
+use crate::offload::off_workers;
 use crate::registry::Target;
 use crate::router::build_attempt_candidates;
 use bytes::Bytes;
@@ -26,6 +27,8 @@ pub struct DispatchContext<'a> {
     pub max_retries: u32,
     /// Wait for response headers.
     pub timeout: Duration,
+    /// Bytes of the client's body (a large one is serialized off the async workers).
+    pub body_bytes: usize,
 }
 
 /// A worker's answer, headers received.
@@ -106,7 +109,9 @@ pub async fn dispatch(
             .post(url_for(&target, path))
             .header("content-type", "application/json")
             .header("x-infera-request-id", request_id)
-            .body(body_for(&target, body, retention));
+            .body(off_workers(ctx.body_bytes, || {
+                body_for(&target, body, retention)
+            }));
         if let Some(rank) = target.dp_rank {
             request = request.header("x-data-parallel-rank", rank.to_string());
         }

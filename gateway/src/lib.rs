@@ -23,6 +23,7 @@ pub mod kv_ingest;
 pub mod kv_policy;
 pub mod kv_router;
 pub mod metrics;
+pub mod offload;
 pub mod pd;
 pub mod policy;
 pub mod prefix_index;
