@@ -279,7 +279,7 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
             flag: "--status-port",
             message: format!("{status_port:?} is not a port"),
         })?,
-        drain_token: std::env::var("INFERA_DRAIN_TOKEN")
+        drain_token: std::env::var(crate::status::DRAIN_TOKEN_ENV)
             .ok()
             .filter(|t| !t.trim().is_empty()),
         gid_index,

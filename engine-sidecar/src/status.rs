@@ -118,6 +118,10 @@ async fn metrics(State(s): State<Shared>) -> Response {
 /// `preStop` hook, from the node).
 pub const DRAIN_TOKEN_HEADER: &str = "x-infera-drain-token";
 
+/// The environment variable the sidecar reads the token from (never a flag: argv is
+/// visible to every process of the Pod).
+pub const DRAIN_TOKEN_ENV: &str = "INFERA_DRAIN_TOKEN";
+
 /// Whether a `/drain` from `peer` presenting `headers` may take this worker out of
 /// routing: anyone on the loopback (the Pod itself), others only with the token.
 pub fn drain_allowed(peer: IpAddr, headers: &HeaderMap, token: Option<&str>) -> bool {

@@ -830,17 +830,18 @@ async fn models(State(gw): State<Shared>) -> Response {
 
 /// One `/v1/workers` entry: the earlier server's fields under their earlier names
 /// (`status` active/draining/dead, `disagg_meta` as registered or `{}`, `dp_size` as
-/// registered), then this gateway's own (`state` with the breaker folded in, `breaker`,
-/// `inflight`).
+/// registered), then this gateway's own (`state` with the breaker and the health checks
+/// folded in, `breaker`, `health`: `passing`, `failing` or `unchecked`, `inflight`).
 pub fn build_worker_entry(
     w: &WorkerRecord,
     status: WorkerStatus,
     breaker: (&str, u64),
+    health: &str,
     inflight: u64,
 ) -> Value {
     let (breaker_state, trips) = breaker;
     let state = match status {
-        WorkerStatus::Active if breaker_state == "closed" => "active",
+        WorkerStatus::Active if breaker_state == "closed" && health != "failing" => "active",
         WorkerStatus::Active => "degraded",
         other => other.as_str(),
     };
@@ -858,6 +859,7 @@ pub fn build_worker_entry(
         "dp_size": w.dp_size,
         "state": state,
         "breaker": {"state": breaker_state, "trips": trips},
+        "health": health,
         "inflight": inflight,
     })
 }
@@ -865,28 +867,25 @@ pub fn build_worker_entry(
 async fn workers(State(gw): State<Shared>) -> Response {
     let snap = gw.registry.snapshot();
     let now = Instant::now();
+    let checked = gw.cfg.health_check_interval_s > 0.0;
     let list: Vec<Value> = snap
         .workers
         .values()
         .map(|w| {
             let breaker = gw.breakers.get(&w.worker_id);
             let state = breaker.as_ref().map_or("closed", |b| b.state(now).name());
-            let mut entry = build_worker_entry(
-                w,
-                snap.status(&w.worker_id).unwrap_or_default(),
-                (state, breaker.map_or(0, |b| b.trips())),
-                gw.inflight.get(&w.worker_id),
-            );
-            let failing = gw.breakers.health_failing(&w.worker_id);
-            if failing && entry["state"] == "active" {
-                entry["state"] = json!("degraded");
-            }
-            entry["health"] = json!(match (gw.cfg.health_check_interval_s > 0.0, failing) {
+            let health = match (checked, gw.breakers.health_failing(&w.worker_id)) {
                 (false, _) => "unchecked",
                 (true, false) => "passing",
                 (true, true) => "failing",
-            });
-            entry
+            };
+            build_worker_entry(
+                w,
+                snap.status(&w.worker_id).unwrap_or_default(),
+                (state, breaker.map_or(0, |b| b.trips())),
+                health,
+                gw.inflight.get(&w.worker_id),
+            )
         })
         .collect();
     axum::Json(json!({"workers": list, "synced": gw.registry.is_synced()})).into_response()

@@ -534,7 +534,7 @@ impl GatewayConfig {
                     .into(),
             ));
         }
-        if !(self.header_read_timeout_s.is_finite() && self.header_read_timeout_s > 0.0) {
+        if !seconds(self.header_read_timeout_s, false) {
             return Err(ConfigError(
                 "--header-read-timeout-s must be a positive number of seconds".into(),
             ));

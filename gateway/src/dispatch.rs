@@ -3,6 +3,7 @@
 //! Timeouts answer 504 instead of waiting on a worker forever.
 
 use crate::breaker::Breakers;
+use crate::health_check::stall_error;
 use crate::metrics::Metrics;
 use crate::offload::off_workers;
 use crate::registry::Target;
@@ -117,13 +118,10 @@ pub async fn dispatch(
         }
         let answer = tokio::select! {
             answer = tokio::time::timeout(ctx.timeout, request.send()) => answer,
-            _ = ctx.breakers.stalled(&worker) => {
+            stalled = stall_error(ctx.breakers, "worker", &worker) => {
                 // A hung engine: try another, as for one that cannot be reached.
-                tracing::warn!(worker = %worker, request_id, "worker stopped answering its health checks");
-                last_error = Some(ApiError::new(
-                    ErrorClass::BadGateway,
-                    format!("worker {worker} stopped answering its health checks"),
-                ));
+                tracing::warn!(worker = %worker, request_id, "{}", stalled.message);
+                last_error = Some(stalled);
                 continue;
             }
         };

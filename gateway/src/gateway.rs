@@ -69,7 +69,7 @@ pub struct Gateway {
     pub metrics: Arc<Metrics>,
     /// Upstream client.
     pub client: reqwest::Client,
-    /// Accepted bearer tokens (`None`: auth off); `watch_api_keys` swaps in the file's
+    /// Accepted bearer tokens (`None`: auth off); `reload_api_keys` swaps in the file's
     /// new keys when it changes.
     pub api_keys: Option<ArcSwap<HashSet<String>>>,
     /// Retention for unhinted requests.

@@ -5,8 +5,11 @@
 //! traffic again after one passing check. Process exits and closed ports are caught by
 //! the breakers and discovery; this is for an engine that is up but no longer answers.
 
+use crate::breaker::Breakers;
 use crate::gateway::Gateway;
+use infera_proto::error_class::{ApiError, ErrorClass};
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -18,6 +21,22 @@ pub enum Change {
     Failing,
     /// A failing worker passed one: back in routing.
     Recovered,
+}
+
+/// Resolves, once `worker` starts failing its health checks (`Breakers::stalled`), with
+/// the error its request in flight ends with; `who` names it ("worker", "prefill
+/// worker", ...).
+pub fn stall_error(
+    breakers: &Breakers,
+    who: &str,
+    worker: &str,
+) -> impl Future<Output = ApiError> + Send + 'static {
+    let stalled = breakers.stalled(worker);
+    let message = format!("{who} {worker} stopped answering its health checks");
+    async move {
+        stalled.await;
+        ApiError::new(ErrorClass::BadGateway, message)
+    }
 }
 
 /// Consecutive failures per worker URL (pure).

@@ -209,6 +209,7 @@ fn check_reading(reader: &str, e: &Map<String, Value>, registry: &Registry) {
         record,
         snap.status(&record.worker_id).unwrap_or_default(),
         ("closed", 0),
+        "passing",
         0,
     );
     check_v1_entry(&name, &expected["v1_workers_entry"], &entry);
@@ -428,7 +429,13 @@ fn check_server_view(view: &Value, registry: &Registry) {
         "{name}"
     );
     for (id, w) in &snap.workers {
-        let ours = build_worker_entry(w, snap.status(id).unwrap_or_default(), ("closed", 0), 0);
+        let ours = build_worker_entry(
+            w,
+            snap.status(id).unwrap_or_default(),
+            ("closed", 0),
+            "passing",
+            0,
+        );
         check_v1_entry(name, earlier[id], &ours);
     }
     assert_eq!(

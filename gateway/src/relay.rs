@@ -7,6 +7,7 @@
 //! comes).
 
 use crate::breaker::Breakers;
+use crate::health_check::stall_error;
 use crate::metrics::{Metrics, Outcome};
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
@@ -119,12 +120,7 @@ async fn next_or_abort(
 
 /// `abort`, or the worker starting to fail its health checks, whichever comes first.
 fn with_stall(abort: Option<Abort>, breakers: &Breakers, worker: &str) -> Option<Abort> {
-    let stalled = breakers.stalled(worker);
-    let message = format!("worker {worker} stopped answering its health checks");
-    let stall = async move {
-        stalled.await;
-        ApiError::new(ErrorClass::BadGateway, message)
-    };
+    let stall = stall_error(breakers, "worker", worker);
     Some(match abort {
         None => Box::pin(stall),
         Some(abort) => Box::pin(async move {

@@ -11,38 +11,13 @@ use axum::routing::post;
 use bytes::Bytes;
 use common::*;
 use futures::StreamExt;
-use infera_gateway::config::GatewayConfig;
-use infera_gateway::gateway::Gateway;
-use infera_gateway::registry::Registry;
-use infera_gateway::server::{RunningGateway, start_embedded};
+use infera_gateway::server::RunningGateway;
 use infera_proto::worker::EngineKind;
 use serde_json::{Value, json};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
-
-/// A gateway fed in-process with the given workers.
-async fn embedded(
-    records: Vec<infera_proto::worker::WorkerRecord>,
-    extra: &[&str],
-) -> RunningGateway {
-    let mut args = vec!["infera-gateway"];
-    args.extend_from_slice(extra);
-    let cfg = <GatewayConfig as clap::Parser>::try_parse_from(args).unwrap();
-    let registry = Registry::new();
-    for r in records {
-        registry.upsert(r);
-    }
-    registry.mark_synced();
-    let gw = Gateway::new(cfg, registry).unwrap();
-    start_embedded(
-        gw,
-        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
-    )
-    .await
-    .unwrap()
-}
 
 /// An upstream that answers every chat request with SSE chunks it takes from `chunks`,
 /// one at a time, and records the bodies it was sent.

@@ -5,10 +5,7 @@
 
 mod common;
 
-use infera_gateway::config::GatewayConfig;
-use infera_gateway::gateway::Gateway;
-use infera_gateway::registry::Registry;
-use infera_gateway::server::{RunningGateway, start_embedded};
+use infera_gateway::server::RunningGateway;
 use infera_gateway::tls::TlsCertificates;
 use std::path::Path;
 use std::sync::Arc;
@@ -18,24 +15,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::rustls;
 
 async fn gateway(flags: &[&str]) -> RunningGateway {
-    gateway_over(Vec::new(), flags).await
-}
-
-async fn gateway_over(
-    workers: Vec<infera_proto::worker::WorkerRecord>,
-    flags: &[&str],
-) -> RunningGateway {
-    let mut args = vec!["infera-gateway"];
-    args.extend_from_slice(flags);
-    let cfg = <GatewayConfig as clap::Parser>::try_parse_from(args).unwrap();
-    let registry = Registry::new();
-    for w in workers {
-        registry.upsert(w);
-    }
-    registry.mark_synced();
-    let gw = Gateway::new(cfg, registry).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    start_embedded(gw, listener).await.unwrap()
+    common::embedded(Vec::new(), flags).await
 }
 
 /// Reads until the server closes the connection; the time that took.
@@ -105,7 +85,7 @@ async fn idle_half_sent_and_kept_alive_connections_close_at_the_header_deadline(
 async fn a_stream_longer_than_the_header_deadline_is_not_cut() {
     use futures::StreamExt;
     let sim = common::start_sim(infera_proto::worker::EngineKind::Vllm, 1.0).await;
-    let gw = gateway_over(
+    let gw = common::embedded(
         vec![common::record_for(
             sim.addr,
             infera_proto::worker::EngineKind::Vllm,

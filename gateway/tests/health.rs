@@ -7,15 +7,12 @@
 
 mod common;
 
-use common::{MODEL, chat, record_for, served, start_sim};
+use common::{MODEL, chat, embedded, get_json, record_for, served, start_sim};
 use futures::StreamExt;
-use infera_gateway::config::GatewayConfig;
-use infera_gateway::gateway::Gateway;
-use infera_gateway::registry::Registry;
-use infera_gateway::server::start_embedded;
+use infera_gateway::server::RunningGateway;
 use infera_proto::worker::EngineKind;
 use infera_testkit::process::{ServerProcess, free_port, workspace_binary};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -27,15 +24,9 @@ fn signal(pid: u32, sig: &str) {
     infera_testkit::process::signal(pid, sig).unwrap();
 }
 
-async fn worker_health(http: &reqwest::Client, base: &str, id: &str) -> (String, String) {
-    let body: Value = http
-        .get(format!("{base}/v1/workers"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+/// `/v1/workers`' health and state of worker `id`.
+async fn worker_health(http: &reqwest::Client, gw: &RunningGateway, id: &str) -> (String, String) {
+    let body = get_json(http, gw, "/v1/workers").await;
     let w = body["workers"]
         .as_array()
         .unwrap()
@@ -86,31 +77,26 @@ async fn a_hung_worker_leaves_routing_its_stream_ends_and_it_comes_back() {
     }
     let hung_addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let hung_id = hung_addr.to_string();
-    let args = [
-        "infera-gateway",
-        "--router-mode",
-        "direct",
-        "--health-check-interval-s",
-        "0.5",
-        "--health-check-timeout-s",
-        "0.5",
-        "--health-check-failures",
-        "2",
-    ];
-    let cfg = <GatewayConfig as clap::Parser>::try_parse_from(args).unwrap();
-    let registry = Registry::new();
-    registry.upsert(record_for(healthy.addr, EngineKind::Vllm));
-    registry.upsert(record_for(hung_addr, EngineKind::Vllm));
-    registry.mark_synced();
-    let gw = start_embedded(
-        Gateway::new(cfg, registry).unwrap(),
-        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    let gw = embedded(
+        vec![
+            record_for(healthy.addr, EngineKind::Vllm),
+            record_for(hung_addr, EngineKind::Vllm),
+        ],
+        &[
+            "--router-mode",
+            "direct",
+            "--health-check-interval-s",
+            "0.5",
+            "--health-check-timeout-s",
+            "0.5",
+            "--health-check-failures",
+            "2",
+        ],
     )
-    .await
-    .unwrap();
+    .await;
     let base = format!("http://{}", gw.addr);
     assert_eq!(
-        worker_health(&http, &base, &hung_id).await,
+        worker_health(&http, &gw, &hung_id).await,
         ("passing".into(), "active".into())
     );
 
@@ -145,7 +131,7 @@ async fn a_hung_worker_leaves_routing_its_stream_ends_and_it_comes_back() {
     );
     println!("stream to the hung worker ended {ended_after:?} after SIGSTOP");
     assert_eq!(
-        worker_health(&http, &base, &hung_id).await,
+        worker_health(&http, &gw, &hung_id).await,
         ("failing".into(), "degraded".into())
     );
 
@@ -165,7 +151,7 @@ async fn a_hung_worker_leaves_routing_its_stream_ends_and_it_comes_back() {
     // Answering again: back in routing after one passing check.
     signal(hung.pid(), "-CONT");
     let resumed = Instant::now();
-    while worker_health(&http, &base, &hung_id).await.0 != "passing" {
+    while worker_health(&http, &gw, &hung_id).await.0 != "passing" {
         assert!(
             resumed.elapsed() < Duration::from_secs(10),
             "never probed back: {}",

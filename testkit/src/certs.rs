@@ -11,26 +11,30 @@ pub fn self_signed(dir: &Path, name: &str) -> Result<(PathBuf, PathBuf), String>
         dir.join(format!("{name}.crt")),
         dir.join(format!("{name}.key")),
     );
-    let (cert_s, key_s) = (cert.to_string_lossy(), key.to_string_lossy());
-    let subject = format!("/CN={name}");
-    openssl(
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-        ]
-        .into_iter()
-        .chain(["-nodes", "-days", "1", "-subj", &subject])
-        .chain(["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
-        .chain(["-addext", "basicConstraints=critical,CA:FALSE"])
-        .chain(["-keyout", &key_s, "-out", &cert_s])
-        .collect::<Vec<_>>(),
-        "req -x509",
-    )?;
+    let extensions = [
+        "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        "basicConstraints=critical,CA:FALSE",
+    ];
+    self_signed_x509(&format!("/CN={name}"), &extensions, &key, &cert)?;
     Ok((cert, key))
+}
+
+/// `openssl req -x509`: a new P-256 key at `key` and a certificate for it signed by
+/// itself at `cert`, valid one day, with `extensions` (`-addext` each).
+fn self_signed_x509(
+    subject: &str,
+    extensions: &[&str],
+    key: &Path,
+    cert: &Path,
+) -> Result<(), String> {
+    let (key, cert) = (key.to_string_lossy(), cert.to_string_lossy());
+    let mut args = vec!["req", "-x509", "-newkey", "ec", "-pkeyopt"];
+    args.extend(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"]);
+    args.extend(["-subj", subject, "-keyout", &key, "-out", &cert]);
+    for extension in extensions {
+        args.extend(["-addext", extension]);
+    }
+    openssl(&args, "req -x509")
 }
 
 /// A test certificate authority and the leaves it signs (server and client use).
@@ -59,23 +63,8 @@ impl Pki {
     /// A new CA (`ca.crt`, `ca.key`) in `dir`.
     pub fn new(dir: &Path) -> Result<Self, String> {
         let (ca, ca_key) = (dir.join("ca.crt"), dir.join("ca.key"));
-        let (ca_s, key_s) = (ca.to_string_lossy(), ca_key.to_string_lossy());
-        openssl(
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-            ]
-            .into_iter()
-            .chain(["-nodes", "-days", "1", "-subj", "/CN=infera-test-ca"])
-            .chain(["-addext", "basicConstraints=critical,CA:TRUE"])
-            .chain(["-keyout", &key_s, "-out", &ca_s])
-            .collect::<Vec<_>>(),
-            "req (CA)",
-        )?;
+        let extensions = ["basicConstraints=critical,CA:TRUE"];
+        self_signed_x509("/CN=infera-test-ca", &extensions, &ca_key, &ca)?;
         Ok(Self {
             ca,
             ca_key,
@@ -97,45 +86,31 @@ impl Pki {
             "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n",
         )
         .map_err(|e| e.to_string())?;
-        let s = |p: &Path| p.to_string_lossy().into_owned();
+        let [cert_s, key_s, csr_s, ext_s, ca_s, ca_key_s] =
+            [&cert, &key, &csr, &ext, &self.ca, &self.ca_key].map(|p| p.to_string_lossy());
         let subject = format!("/CN={name}");
-        openssl(
-            &[
-                "req",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-            ]
-            .into_iter()
-            .chain(["-subj", &subject, "-keyout", &s(&key), "-out", &s(&csr)])
-            .collect::<Vec<_>>(),
-            "req (leaf)",
-        )?;
-        openssl(
-            &[
-                "x509",
-                "-req",
-                "-days",
-                "1",
-                "-in",
-                &s(&csr),
-                "-CA",
-                &s(&self.ca),
-            ]
-            .into_iter()
-            .chain([
-                "-CAkey",
-                &s(&self.ca_key),
-                "-CAcreateserial",
-                "-out",
-                &s(&cert),
-            ])
-            .chain(["-extfile", &s(&ext)])
-            .collect::<Vec<_>>(),
-            "x509 (sign)",
-        )?;
+        let mut request = vec![
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ];
+        request.extend([
+            "-nodes", "-subj", &subject, "-keyout", &key_s, "-out", &csr_s,
+        ]);
+        openssl(&request, "req (leaf)")?;
+        let mut sign = vec!["x509", "-req", "-days", "1", "-in", &csr_s, "-CA", &ca_s];
+        sign.extend([
+            "-CAkey",
+            &ca_key_s,
+            "-CAcreateserial",
+            "-out",
+            &cert_s,
+            "-extfile",
+            &ext_s,
+        ]);
+        openssl(&sign, "x509 (sign)")?;
         Ok((cert, key))
     }
 }

@@ -12,6 +12,7 @@ use super::connectors::{
     Leg, PdError, PdPair, build_decode_leg, build_prefill_leg, extract_handoff,
 };
 use crate::gateway::Gateway;
+use crate::health_check::stall_error;
 use crate::registry::Target;
 use crate::relay::Abort;
 use bytes::Bytes;
@@ -143,13 +144,9 @@ async fn run_prefill(
 ) -> Result<Bytes, (&'static str, ApiError)> {
     tokio::select! {
         answer = prefill_answer(gw, request, worker) => answer,
-        _ = gw.breakers.stalled(worker) => Err((
-            "prefill_stalled",
-            ApiError::new(
-                ErrorClass::BadGateway,
-                format!("prefill worker {worker} stopped answering its health checks"),
-            ),
-        )),
+        stalled = stall_error(&gw.breakers, "prefill worker", worker) => {
+            Err(("prefill_stalled", stalled))
+        }
     }
 }
 
@@ -259,12 +256,7 @@ async fn open_decode(
         let send = tokio::time::timeout(timeout, post(gw, target, path, leg, rid).send());
         let answer = tokio::select! {
             answer = send => answer,
-            _ = gw.breakers.stalled(worker) => {
-                return Err(ApiError::new(
-                    ErrorClass::BadGateway,
-                    format!("decode worker {worker} stopped answering its health checks"),
-                ));
-            }
+            stalled = stall_error(&gw.breakers, "decode worker", worker) => return Err(stalled),
         };
         let failure = match answer {
             Err(_) => {

@@ -8,7 +8,7 @@ use etcd_client::PutOptions;
 use infera_gateway::config::GatewayConfig;
 use infera_gateway::gateway::Gateway;
 use infera_gateway::registry::Registry;
-use infera_gateway::server::{RunningGateway, start_gateway};
+use infera_gateway::server::{RunningGateway, start_embedded, start_gateway};
 use infera_prompt::PromptCodec;
 use infera_proto::discovery::build_worker_key;
 use infera_proto::worker::{EngineKind, WorkerRecord};
@@ -117,6 +117,21 @@ pub async fn start_gw_args(flags: &[&str]) -> RunningGateway {
     let gw = Gateway::new(cfg, Registry::new()).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     start_gateway(gw, listener).await.unwrap()
+}
+
+/// A gateway fed in-process with the given workers (no discovery), with `flags`.
+pub async fn embedded(records: Vec<WorkerRecord>, flags: &[&str]) -> RunningGateway {
+    let mut args = vec!["infera-gateway"];
+    args.extend_from_slice(flags);
+    let cfg = GatewayConfig::try_parse_from(args).unwrap();
+    let registry = Registry::new();
+    for r in records {
+        registry.upsert(r);
+    }
+    registry.mark_synced();
+    let gw = Gateway::new(cfg, registry).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    start_embedded(gw, listener).await.unwrap()
 }
 
 /// Waits until the gateway's registry holds `n` workers.

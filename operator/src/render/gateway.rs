@@ -6,7 +6,7 @@
 use super::engine::{ENGINE_PORT, MODEL_MOUNT};
 use super::names;
 use super::pod::{model_mount, model_volume, restricted_security};
-use super::secrets::{etcd_client_args, etcd_client_volumes, one_key, secret_volume};
+use super::secrets::{etcd_client_args, etcd_secrets, one_key, secret_volume};
 use super::{Child, Ctx, Kind, ModelVolume, child};
 use crate::api::{DiscoveryBackend, EngineKind, InferaDeploymentSpec, RoutingPolicy, ServiceType};
 use k8s_openapi::api::apps::v1::{
@@ -203,9 +203,7 @@ fn secret_volumes(spec: &InferaDeploymentSpec) -> Vec<(Volume, VolumeMount)> {
     if let Some(tls) = &spec.gateway.tls {
         out.push(secret_volume("tls", &tls.secret_name, None, TLS_DIR));
     }
-    if let (DiscoveryBackend::Etcd, Some(etcd)) = (&spec.discovery.backend, &spec.discovery.etcd) {
-        out.extend(etcd_client_volumes(etcd));
-    }
+    out.extend(etcd_secrets(spec));
     out
 }
 

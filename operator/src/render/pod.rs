@@ -7,6 +7,7 @@ use super::engine::{ENGINE_PORT, EngineCommand, KV_EVENTS_PORT, MODEL_MOUNT};
 use super::names::{self, Role};
 use super::{Images, ModelVolume};
 use crate::api::{DiscoveryBackend, EngineKind, InferaDeploymentSpec};
+use infera_engine_sidecar::status::{DRAIN_TOKEN_ENV, DRAIN_TOKEN_HEADER};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
     HTTPGetAction, HTTPHeader, HostPathVolumeSource, Lifecycle, LifecycleHandler,
@@ -273,24 +274,18 @@ pub fn drain_token(owner_uid: &str) -> String {
     hex::encode(&digest[..16])
 }
 
-/// The header that carries it (the sidecar's `DRAIN_TOKEN_HEADER`).
-const DRAIN_TOKEN_HEADER: &str = "x-infera-drain-token";
-
 /// The sidecar's mounts: the model, and its API token or etcd's Secrets.
 fn sidecar_mounts(spec: &InferaDeploymentSpec) -> Vec<VolumeMount> {
     let mut mounts = vec![model_mount()];
     if kubernetes_discovery(spec) {
         mounts.push(super::token::mount());
     }
-    mounts.extend(etcd_secrets(spec).into_iter().map(|(_, m)| m));
+    mounts.extend(
+        super::secrets::etcd_secrets(spec)
+            .into_iter()
+            .map(|(_, m)| m),
+    );
     mounts
-}
-
-fn etcd_secrets(spec: &InferaDeploymentSpec) -> Vec<(Volume, VolumeMount)> {
-    match (&spec.discovery.backend, &spec.discovery.etcd) {
-        (DiscoveryBackend::Etcd, Some(etcd)) => super::secrets::etcd_client_volumes(etcd),
-        _ => Vec::new(),
-    }
 }
 
 /// Whether the sidecar registers through its Pod's annotation (and so holds a token).
@@ -313,7 +308,11 @@ fn volumes(spec: &InferaDeploymentSpec, model: &ModelVolume) -> Vec<Volume> {
     if kubernetes_discovery(spec) {
         v.push(super::token::volume());
     }
-    v.extend(etcd_secrets(spec).into_iter().map(|(v, _)| v));
+    v.extend(
+        super::secrets::etcd_secrets(spec)
+            .into_iter()
+            .map(|(v, _)| v),
+    );
     if spec.kv_cache.enabled {
         v.push(Volume {
             name: "kvd-socket".into(),
@@ -446,7 +445,7 @@ fn sidecar_container(spec: &InferaDeploymentSpec, input: &PodInput<'_>) -> Conta
     let mut env = identity_env();
     env.extend(plain_env(&input.engine.env));
     env.push(EnvVar {
-        name: "INFERA_DRAIN_TOKEN".into(),
+        name: DRAIN_TOKEN_ENV.into(),
         value: Some(input.drain_token.to_owned()),
         ..Default::default()
     });

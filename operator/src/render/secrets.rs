@@ -2,7 +2,7 @@
 //! on them. Each is mounted whole (no `subPath`), so the kubelet updates the files in
 //! place when the Secret changes, and the programs read them again.
 
-use crate::api::{EtcdSpec, SecretKeyRef};
+use crate::api::{DiscoveryBackend, EtcdSpec, InferaDeploymentSpec, SecretKeyRef};
 use k8s_openapi::api::core::v1::{KeyToPath, SecretVolumeSource, Volume, VolumeMount};
 
 /// Volume `name` of Secret `secret` (only `items`, renamed, when given) at `dir`.
@@ -69,8 +69,15 @@ pub fn etcd_client_args(etcd: &EtcdSpec) -> Vec<String> {
     args
 }
 
-/// The Secrets those flags name.
-pub fn etcd_client_volumes(etcd: &EtcdSpec) -> Vec<(Volume, VolumeMount)> {
+/// The Secrets the etcd flags name, for a deployment discovering through etcd.
+pub fn etcd_secrets(spec: &InferaDeploymentSpec) -> Vec<(Volume, VolumeMount)> {
+    match (&spec.discovery.backend, &spec.discovery.etcd) {
+        (DiscoveryBackend::Etcd, Some(etcd)) => etcd_client_volumes(etcd),
+        _ => Vec::new(),
+    }
+}
+
+fn etcd_client_volumes(etcd: &EtcdSpec) -> Vec<(Volume, VolumeMount)> {
     let mut out = Vec::new();
     if let Some(secret) = &etcd.tls_secret_name {
         out.push(secret_volume("etcd-tls", secret, None, ETCD_TLS_DIR));
