@@ -10,6 +10,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use infera_e2e::deploy::ROLLOUT;
+use infera_e2e::etcd::ChartEtcd;
 use infera_e2e::{Cluster, RELEASE_NAMESPACE, eventually, repo};
 use serde_json::{Value, json};
 use std::os::unix::fs::FileTypeExt;
@@ -112,9 +113,10 @@ async fn the_chart_runs_the_operator_etcd_and_nats_as_pods() {
     .await
     .unwrap();
     println!("operator leader: {lease}");
-    // etcd and NATS run from their (stand-in) images on volumes bound on this node.
+    // etcd and NATS run from their (stand-in) images on volumes bound on this node
+    // (etcd's health on its metrics port: its client port asks for a certificate).
     for (sts, port, path) in [
-        ("infera-etcd", 2379, "/health"),
+        ("infera-etcd", 2381, "/health"),
         ("infera-nats", 8222, "/healthz"),
     ] {
         let set = cluster
@@ -150,6 +152,39 @@ async fn the_chart_runs_the_operator_etcd_and_nats_as_pods() {
         assert_eq!(pvc["status"]["phase"], "Bound", "{pvc}");
         assert_eq!(pvc["spec"]["storageClassName"], "infera-local");
     }
+    // etcd serves clients over TLS only, and only those with a certificate of its CA
+    // (#20: one unauthenticated put of a worker record used to receive prompts).
+    let etcd = ChartEtcd::connect(&cluster).await.unwrap();
+    let put = json!({"key": "L2luZmVyYS93b3JrZXJzL2V2aWw=", "value": "e30="});
+    let plain = infera_e2e::http()
+        .post(format!("http://{}:2379/v3/kv/put", etcd.ip))
+        .json(&put)
+        .send()
+        .await;
+    assert!(
+        plain.as_ref().map_or(true, |r| !r.status().is_success()),
+        "plain HTTP accepted: {plain:?}"
+    );
+    let anonymous = etcd
+        .anonymous()
+        .unwrap()
+        .post(format!("{}/v3/kv/put", etcd.url))
+        .json(&put)
+        .send()
+        .await;
+    assert!(
+        anonymous.is_err(),
+        "no client certificate, yet: {anonymous:?}"
+    );
+    let status = etcd
+        .client()
+        .unwrap()
+        .post(format!("{}/v3/maintenance/status", etcd.url))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(status.status(), 200, "with the chart's client certificate");
     assert_status_written_by_controllers(&cluster, ns).await;
 }
 

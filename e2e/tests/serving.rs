@@ -9,8 +9,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use infera_e2e::deploy::ROLLOUT;
-use infera_e2e::{Cluster, RELEASE_NAMESPACE, eventually};
-use serde_json::{Value, json};
+use infera_e2e::etcd::ChartEtcd;
+use infera_e2e::{Cluster, eventually};
+use serde_json::json;
 
 /// Small gateways: four deployments share the node's 2 CPUs.
 const SMALL_GATEWAY: &str = "gateway: {resources: {requests: {cpu: 50m, memory: 64Mi}}}";
@@ -181,42 +182,6 @@ fn flavor_is_atom(name: &str) -> bool {
     name == "pd-atom"
 }
 
-/// The keys under `prefix` in the chart's etcd, read from its pod over the v3 JSON API.
-async fn etcd_keys(cluster: &Cluster, prefix: &str) -> Result<Vec<String>, String> {
-    use base64::Engine;
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let pod = cluster
-        .get_json(&["get", "pod", "infera-etcd-0", "-n", RELEASE_NAMESPACE])
-        .await
-        .map_err(|e| e.to_string())?;
-    let ip = pod["status"]["podIP"]
-        .as_str()
-        .ok_or("no pod IP")?
-        .to_owned();
-    let mut end = prefix.as_bytes().to_vec();
-    if let Some(last) = end.last_mut() {
-        *last += 1;
-    }
-    let body = json!({"key": b64.encode(prefix), "range_end": b64.encode(&end), "keys_only": true});
-    let answer: Value = infera_e2e::http()
-        .post(format!("http://{ip}:2379/v3/kv/range"))
-        .json(&body)
-        .send()
-        .await
-        .map_err(|e| e.to_string())?
-        .json()
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(answer["kvs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|kv| kv["key"].as_str())
-        .filter_map(|k| b64.decode(k).ok())
-        .map(|k| String::from_utf8_lossy(&k).into_owned())
-        .collect())
-}
-
 #[tokio::test]
 async fn mixed_workers_registered_in_the_charts_etcd_serve() {
     let cluster = Cluster::connect().await.unwrap();
@@ -236,6 +201,14 @@ spec:
     );
     cluster.apply(&ns, &manifest).await.unwrap();
     cluster.wait_ready(&ns, "sim-etcd").await.unwrap();
+    // The chart's etcd asks for a client certificate: the operator copied the chart's
+    // into this namespace, owned by the deployment, for its gateways and sidecars.
+    let copy = cluster
+        .get_json(&["get", "secret", "sim-etcd-etcd-client", "-n", &ns])
+        .await
+        .unwrap();
+    assert_eq!(copy["metadata"]["ownerReferences"][0]["name"], "sim-etcd");
+    let etcd = ChartEtcd::connect(&cluster).await.unwrap();
     // Each sidecar registered its pod's worker under a lease, at the pod's address.
     let pods = cluster.engine_pods(&ns, "sim-etcd").await.unwrap();
     let keys = eventually(
@@ -244,7 +217,7 @@ spec:
         "two worker records in etcd",
         ROLLOUT,
         || async {
-            let keys = etcd_keys(&cluster, "/infera/workers/").await?;
+            let keys = etcd.keys("/infera/workers/").await?;
             let ours: Vec<String> = pods
                 .iter()
                 .filter_map(|p| p["status"]["podIP"].as_str())
@@ -286,7 +259,8 @@ spec:
         "the records gone from etcd",
         std::time::Duration::from_secs(20),
         || async {
-            let left: Vec<String> = etcd_keys(&cluster, "/infera/workers/")
+            let left: Vec<String> = etcd
+                .keys("/infera/workers/")
                 .await?
                 .into_iter()
                 .filter(|k| keys.contains(k))

@@ -702,7 +702,7 @@ async fn forward_pd(
         ids: PdIds::random(&p),
         retention: input.retention,
     };
-    match send_pair(gw, &pair, input.kind.path(), body, rid).await {
+    match send_pair(gw, &pair, input.kind.path(), body, input.body_bytes, rid).await {
         Ok(opened) => {
             guard.outcome = outcome_for(opened.response.status());
             Ok(Forwarded {

@@ -58,6 +58,11 @@ impl HealthTracker {
         (*n >= threshold.max(1) && self.failing.insert(url.to_owned())).then_some(Change::Failing)
     }
 
+    /// Whether `url` is failing (out of routing).
+    pub fn is_failing(&self, url: &str) -> bool {
+        self.failing.contains(url)
+    }
+
     /// Forgets URLs no longer registered.
     pub fn retain(&mut self, urls: &HashSet<&str>) {
         self.failures.retain(|u, _| urls.contains(u.as_str()));
@@ -89,12 +94,17 @@ pub async fn run_health_checks(gw: Arc<Gateway>, mut stop: watch::Receiver<bool>
         let checks = by_url.keys().map(|url| check(&gw.client, url, timeout));
         let results = futures::future::join_all(checks).await;
         for ((url, ids), ok) in by_url.iter().zip(results) {
-            let Some(change) = tracker.observe(url, ok, cfg.health_check_failures) else {
-                continue;
-            };
-            let failing = change == Change::Failing;
+            let change = tracker.observe(url, ok, cfg.health_check_failures);
+            // Every id at the URL follows it, including one registered there since the
+            // URL started failing.
+            let failing = tracker.is_failing(url);
             for id in ids {
-                gw.breakers.set_health_failing(id, failing);
+                if gw.breakers.health_failing(id) != failing {
+                    gw.breakers.set_health_failing(id, failing);
+                }
+            }
+            if change.is_none() {
+                continue;
             }
             gw.metrics.record_health_change(failing);
             if failing {
@@ -129,7 +139,9 @@ mod tests {
         assert_eq!(t.observe("u", true, 2), None, "a pass resets the count");
         assert_eq!(t.observe("u", false, 2), None);
         assert_eq!(t.observe("u", false, 2), Some(Change::Failing));
+        assert!(t.is_failing("u"));
         assert_eq!(t.observe("u", false, 2), None, "said once");
+        assert!(t.is_failing("u"), "and still failing");
         assert_eq!(t.observe("v", true, 2), None, "others are apart");
         assert_eq!(t.observe("u", true, 2), Some(Change::Recovered));
         assert_eq!(t.observe("u", true, 2), None);

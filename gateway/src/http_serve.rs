@@ -1,17 +1,20 @@
 //! Accepting connections: a bounded number open at once, a deadline on every request's
-//! headers (idle keep-alive connections included), optional TLS, and a graceful stop
-//! that lets open responses finish.
+//! headers (idle keep-alive and h2 connections included), optional TLS, and a graceful
+//! stop that lets open responses finish.
 //!
 //! `axum::serve` has none of the first three: 2,000 idle or half-sent connections stayed
 //! open indefinitely (#20, item 7). Bodies have their own deadline (`read_body`).
 
 use crate::tls::TlsCertificates;
 use axum::Router;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
+use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
@@ -136,33 +139,89 @@ async fn serve_connection<IO>(
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    // hyper's header deadline starts once it knows the protocol; reading the first bytes
-    // to tell HTTP/1.1 from h2 has none. So the first request must arrive in time too.
-    let started = Arc::new(AtomicBool::new(false));
-    let flag = started.clone();
-    let router = router.map_request(move |req| {
-        flag.store(true, Ordering::Relaxed);
-        req
-    });
-    let service = TowerToHyperService::new(router);
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
-    tokio::pin!(conn);
-    let first_request = async {
-        tokio::time::sleep(header_read_timeout).await;
-        if started.load(Ordering::Relaxed) {
-            std::future::pending::<()>().await;
+    // hyper's header deadline starts once it knows the protocol (reading the first bytes
+    // to tell HTTP/1.1 from h2 has none) and HTTP/1.1 only: an h2 connection that served
+    // one request could stay open with none. So a connection with no request in flight
+    // for the header deadline is closed whatever its protocol.
+    let (activity, mut watched) = watch::channel(Activity::default());
+    let activity = Arc::new(activity);
+    let service = tower::service_fn(move |req: axum::extract::Request<Incoming>| {
+        let in_flight = InFlight::start(&activity);
+        let router = router.clone();
+        async move {
+            let response = router.oneshot(req).await?;
+            // The request counts until its response body is sent or dropped.
+            Ok::<_, Infallible>(response.map(|body| {
+                axum::body::Body::new(body.map_frame(move |frame| {
+                    let _ = &in_flight;
+                    frame
+                }))
+            }))
         }
-    };
+    });
+    let conn =
+        builder.serve_connection_with_upgrades(TokioIo::new(io), TowerToHyperService::new(service));
+    tokio::pin!(conn);
     tokio::select! {
         result = conn.as_mut() => {
             if let Err(e) = result {
                 tracing::debug!("connection ended: {e}");
             }
         }
-        _ = first_request => tracing::debug!("no request within the header deadline; closing"),
+        _ = idle_for(&mut watched, header_read_timeout) => {
+            tracing::debug!("no request for the header deadline; closing");
+            // h2 says GOAWAY and waits for its PING's acknowledgement, which a hostile
+            // client never sends: a further deadline, then the connection is dropped.
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(header_read_timeout, conn).await;
+        }
         _ = stopped(stop) => {
             conn.as_mut().graceful_shutdown();
             let _ = conn.await;
+        }
+    }
+}
+
+/// Requests on one connection: in flight now, and started so far.
+#[derive(Debug, Default, Clone, Copy)]
+struct Activity {
+    in_flight: usize,
+    started: u64,
+}
+
+/// One request in flight; counted out when dropped.
+struct InFlight(Arc<watch::Sender<Activity>>);
+
+impl InFlight {
+    fn start(activity: &Arc<watch::Sender<Activity>>) -> Self {
+        activity.send_modify(|a| {
+            a.in_flight += 1;
+            a.started += 1;
+        });
+        Self(activity.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0
+            .send_modify(|a| a.in_flight = a.in_flight.saturating_sub(1));
+    }
+}
+
+/// Resolves once the connection had no request in flight, and started none, for `limit`.
+async fn idle_for(activity: &mut watch::Receiver<Activity>, limit: Duration) {
+    loop {
+        let since = match activity.wait_for(|a| a.in_flight == 0).await {
+            Ok(a) => Some(a.started),
+            Err(_) => None,
+        };
+        let Some(since) = since else {
+            return std::future::pending().await;
+        };
+        let next = activity.wait_for(|a| a.started != since);
+        if tokio::time::timeout(limit, next).await.is_err() {
+            return;
         }
     }
 }

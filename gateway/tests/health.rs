@@ -135,6 +135,25 @@ async fn a_hung_worker_leaves_routing_its_stream_ends_and_it_comes_back() {
         ("failing".into(), "degraded".into())
     );
 
+    // A worker registered at the hung URL since it started failing (a restarted
+    // sidecar's new id) is out of routing from the next check, not routed until the
+    // URL recovers.
+    let mut again = record_for(hung_addr, EngineKind::Vllm);
+    again.worker_id = format!("{hung_id}-again");
+    gw.gateway.registry.upsert(again);
+    let registered = Instant::now();
+    while worker_health(&http, &gw, &format!("{hung_id}-again"))
+        .await
+        .0
+        != "failing"
+    {
+        assert!(
+            registered.elapsed() < Duration::from_secs(5),
+            "a new id at a failing URL was left in routing"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
     // Unpinned requests go to the other worker only, none waits on the hung one.
     let before = served(&healthy);
     for _ in 0..10 {

@@ -7,7 +7,7 @@ use clap::Parser;
 use infera_operator::leader::{self, LeaseConfig};
 use infera_operator::metrics::Metrics;
 use infera_operator::reconcile::{self, Settings};
-use infera_operator::render::{Images, Platform};
+use infera_operator::render::{DEFAULT_NVME_HOST_PATHS, Images, Platform};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -79,13 +79,38 @@ struct Cli {
     /// without endpoints: the chart sets its bundled etcd here.
     #[arg(long, env = "INFERA_DEFAULT_ETCD_ENDPOINTS", value_delimiter = ',')]
     default_etcd_endpoints: Vec<String>,
+    /// `NAMESPACE/NAME` of the Secret holding the CA and a client certificate (`ca.crt`,
+    /// `tls.crt`, `tls.key`) of that etcd, when it requires TLS: each deployment using it
+    /// gets a copy in its own namespace. The chart sets the one it generates.
+    #[arg(long, env = "INFERA_DEFAULT_ETCD_CLIENT_SECRET", value_parser = namespaced_name)]
+    default_etcd_client_secret: Option<(String, String)>,
     /// NATS URL for deployments that choose NATS messaging without a URL: the chart sets
     /// its bundled NATS here.
     #[arg(long, env = "INFERA_DEFAULT_NATS_URL")]
     default_nats_url: Option<String>,
+    /// Node directories under which `kvCache.nvme.path` may lie (comma-separated): kvd
+    /// runs as root in that hostPath, so a deployment must not reach the node's system
+    /// directories.
+    #[arg(
+        long,
+        env = "INFERA_KV_CACHE_NVME_HOST_PATHS",
+        value_delimiter = ',',
+        default_values_t = DEFAULT_NVME_HOST_PATHS.map(String::from)
+    )]
+    kv_cache_nvme_host_paths: Vec<String>,
     /// Log lines as JSON.
     #[arg(long, env = "INFERA_LOG_JSON")]
     log_json: bool,
+}
+
+/// `NAMESPACE/NAME`.
+fn namespaced_name(value: &str) -> Result<(String, String), String> {
+    match value.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok((ns.to_owned(), name.to_owned()))
+        }
+        _ => Err(format!("{value:?}: expected NAMESPACE/NAME")),
+    }
 }
 
 fn images(cli: &Cli) -> Images {
@@ -222,6 +247,8 @@ async fn run(cli: Cli) -> i32 {
             images: images(&cli),
             etcd_endpoints: cli.default_etcd_endpoints.clone(),
             nats_url: cli.default_nats_url.clone(),
+            etcd_client_secret: cli.default_etcd_client_secret.clone(),
+            nvme_host_paths: cli.kv_cache_nvme_host_paths.clone(),
         },
         namespace: cli.namespace.clone(),
         concurrency: cli.concurrency.max(1),

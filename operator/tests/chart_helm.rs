@@ -107,16 +107,27 @@ fn the_chart_lints_strictly_and_renders_with_every_values_file() {
         .as_array()
         .unwrap()
         .clone();
+    let rule_allows = |rules: &[Value], ar: &kube::core::ApiResource, verb: &str| {
+        rules.iter().any(|r| {
+            let has =
+                |field: &str, want: &str| r[field].as_array().unwrap().iter().any(|v| v == want);
+            has("apiGroups", &ar.group) && has("resources", &ar.plural) && has("verbs", verb)
+        })
+    };
+    let secrets = infera_operator::render::Kind::Secret.api_resource();
+    assert!(
+        !["get", "list", "create"]
+            .iter()
+            .any(|verb| rule_allows(&rules, &secrets, verb)),
+        "no Secrets without the chart's etcd on TLS"
+    );
+    // Secrets are only copied (the etcd client certificate): never read nor listed.
     for kind in infera_operator::render::Kind::ALL {
+        if kind == infera_operator::render::Kind::Secret {
+            continue;
+        }
         let ar = kind.api_resource();
-        let allowed = |verb: &str| {
-            rules.iter().any(|r| {
-                let has = |field: &str, want: &str| {
-                    r[field].as_array().unwrap().iter().any(|v| v == want)
-                };
-                has("apiGroups", &ar.group) && has("resources", &ar.plural) && has("verbs", verb)
-            })
-        };
+        let allowed = |verb: &str| rule_allows(&rules, &ar, verb);
         for verb in ["list", "create", "patch"] {
             assert!(
                 allowed(verb),
@@ -143,7 +154,40 @@ fn the_chart_lints_strictly_and_renders_with_every_values_file() {
         "4Gi"
     );
     let args = find(&docs, "Deployment", "infera-operator")["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
-    assert!(args.contains("--default-etcd-endpoints=http://infera-etcd-0.infera-etcd-peers.infera-system.svc:2379,"), "{args}");
+    assert!(args.contains("--default-etcd-endpoints=https://infera-etcd-0.infera-etcd-peers.infera-system.svc:2379,"), "{args}");
+    assert!(
+        args.contains("--default-etcd-client-secret=infera-system/infera-etcd-client-tls"),
+        "{args}"
+    );
+    // etcd on TLS by default, asking clients and peers for certificates of one CA.
+    let etcd_args = etcd["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    for flag in [
+        "--client-cert-auth",
+        "--peer-client-cert-auth",
+        "--listen-client-urls=https://",
+    ] {
+        assert!(etcd_args.contains(flag), "{flag}: {etcd_args}");
+    }
+    let server = &find(&docs, "Secret", "infera-etcd-server-tls")["data"];
+    let client = &find(&docs, "Secret", "infera-etcd-client-tls")["data"];
+    assert_eq!(server["ca.crt"], client["ca.crt"], "one CA");
+    assert_ne!(server["tls.crt"], client["tls.crt"]);
+    let rules = find(&docs, "ClusterRole", "infera-operator")["rules"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(rule_allows(&rules, &secrets, "create") && rule_allows(&rules, &secrets, "patch"));
+    assert!(
+        !["get", "list", "watch"]
+            .iter()
+            .any(|verb| rule_allows(&rules, &secrets, verb)),
+        "the operator reads no Secret cluster-wide: {rules:?}"
+    );
+    let election = find(&docs, "Role", "infera-operator-leader-election")["rules"].to_string();
+    assert!(
+        election.contains("\"resourceNames\":[\"infera-etcd-client-tls\"]"),
+        "it reads the one client certificate: {election}"
+    );
     assert!(
         args.contains("--default-nats-url=nats://infera-nats.infera-system.svc:4222"),
         "{args}"
@@ -174,9 +218,19 @@ fn the_chart_lints_strictly_and_renders_with_every_values_file() {
             .join("charts/infera/ci/monitoring.yaml")
             .to_string_lossy(),
     ]);
+    assert!(docs.iter().any(|d| d["kind"] == "PodMonitor"));
+    let plain = find(&docs, "ServiceMonitor", "infera");
     assert!(
-        docs.iter().any(|d| d["kind"] == "ServiceMonitor")
-            && docs.iter().any(|d| d["kind"] == "PodMonitor")
+        plain["spec"]["selector"]
+            .to_string()
+            .contains(r#"{"key":"infera.amd.com/metrics-access","operator":"DoesNotExist"}"#),
+        "{plain}"
+    );
+    let secured = &find(&docs, "ServiceMonitor", "infera-secured-gateways")["spec"];
+    assert_eq!(secured["endpoints"][0]["scheme"], "https");
+    assert_eq!(
+        secured["endpoints"][0]["authorization"]["credentials"]["name"],
+        "metrics-key"
     );
     let dashboard = find(&docs, "ConfigMap", "infera-dashboard")["data"]["infera.json"]
         .as_str()
@@ -188,7 +242,11 @@ fn the_chart_lints_strictly_and_renders_with_every_values_file() {
 
 #[test]
 fn bad_values_are_refused_with_the_field_named() {
-    let cases: [(&str, &str); 5] = [
+    let cases: [(&str, &str); 6] = [
+        (
+            "etcd.enabled=true,etcd.tls.serverSecretName=mine",
+            "name both serverSecretName and clientSecretName",
+        ),
         ("etcd.replicas=2", "/etcd/replicas"),
         ("operator.logFormat=xml", "/operator/logFormat"),
         ("operator.replicas=0", "/operator/replicas"),
@@ -284,6 +342,11 @@ async fn helm_install_is_accepted_by_the_api_server() {
             .unwrap()
             .is_some()
     );
+    // etcd's generated certificates, kept by the upgrade below.
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), &ns);
+    let client_tls = format!("{release}-etcd-client-tls");
+    let issued = secrets.get(&client_tls).await.unwrap().data.unwrap();
+    assert!(issued.contains_key("tls.key"));
     // The documented upgrade path: CRDs first (Helm never upgrades them), then the release.
     let upgrade = std::process::Command::new(repo().join("scripts/upgrade-crds"))
         .args(["--kubeconfig", &kc])
@@ -304,6 +367,11 @@ async fn helm_install_is_accepted_by_the_api_server() {
         "--reuse-values",
     ]);
     assert!(ok, "helm upgrade: {out}{err}");
+    let certificate = secrets.get(&client_tls).await.unwrap().data.unwrap();
+    assert_eq!(
+        certificate, issued,
+        "the generated etcd certificates survive an upgrade"
+    );
     let (ok, out, err) = helm(&["uninstall", &release, "--kubeconfig", &kc, "-n", &ns]);
     assert!(ok, "helm uninstall: {out}{err}");
     assert!(

@@ -308,6 +308,14 @@ async fn invalid_manifests_are_rejected_with_a_message_naming_the_field() {
             "spec.kvCache tiers (nvme, remoteUrl, remoteUrlSecretRef) are set but kvd is off",
         ),
         (
+            "an NVMe path climbing out of its directory",
+            with_spec(
+                BASE,
+                &["kvCache: {enabled: true, nvme: {path: /mnt/../etc, size: 1Ti}}"],
+            ),
+            "spec.kvCache.nvme.path: no . or .. segments",
+        ),
+        (
             "the distributed tier's URL given twice",
             with_spec(
                 BASE,

@@ -240,6 +240,7 @@ async fn expect_children(
         Observed {
             topology: topology.as_ref(),
             model_ready,
+            ..Default::default()
         },
         &Platform::with_images(images()),
     )

@@ -50,13 +50,29 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- printf "%s-nats" (include "infera.fullname" .) -}}
 {{- end -}}
 
+{{/* http or https: the chart's etcd's scheme. */}}
+{{- define "infera.etcdScheme" -}}
+{{- ternary "https" "http" .Values.etcd.tls.enabled -}}
+{{- end -}}
+
+{{/* The Secret with etcd's own certificate (generated unless named). */}}
+{{- define "infera.etcdServerSecret" -}}
+{{- .Values.etcd.tls.serverSecretName | default (printf "%s-server-tls" (include "infera.etcdName" .)) -}}
+{{- end -}}
+
+{{/* The Secret with etcd's clients' certificate (generated unless named). */}}
+{{- define "infera.etcdClientSecret" -}}
+{{- .Values.etcd.tls.clientSecretName | default (printf "%s-client-tls" (include "infera.etcdName" .)) -}}
+{{- end -}}
+
 {{/* Client URLs of the chart's etcd members. */}}
 {{- define "infera.etcdEndpoints" -}}
 {{- $name := include "infera.etcdName" . -}}
 {{- $ns := .Release.Namespace -}}
+{{- $scheme := include "infera.etcdScheme" . -}}
 {{- $urls := list -}}
 {{- range $i := until (int .Values.etcd.replicas) -}}
-{{- $urls = append $urls (printf "http://%s-%d.%s-peers.%s.svc:2379" $name $i $name $ns) -}}
+{{- $urls = append $urls (printf "%s://%s-%d.%s-peers.%s.svc:2379" $scheme $name $i $name $ns) -}}
 {{- end -}}
 {{- join "," $urls -}}
 {{- end -}}

@@ -13,6 +13,7 @@ use super::connectors::{
 };
 use crate::gateway::Gateway;
 use crate::health_check::stall_error;
+use crate::offload::off_workers;
 use crate::registry::Target;
 use crate::relay::Abort;
 use bytes::Bytes;
@@ -59,11 +60,32 @@ fn setup_failed(gw: &Gateway, err: &PdError) -> ApiError {
     err.to_api_error()
 }
 
+/// A leg ready to send: its body serialized once (a retried decode open sends the same
+/// bytes again).
+struct Encoded {
+    headers: Vec<(&'static str, String)>,
+    body: Bytes,
+}
+
+/// Builds a leg and serializes it, off the async workers for a large request body.
+fn encode(
+    body_bytes: usize,
+    build: impl FnOnce() -> Result<Leg, PdError>,
+) -> Result<Encoded, PdError> {
+    off_workers(body_bytes, || {
+        let leg = build()?;
+        Ok(Encoded {
+            body: Bytes::from(serde_json::to_vec(&leg.body).unwrap_or_default()),
+            headers: leg.headers,
+        })
+    })
+}
+
 fn post(
     gw: &Gateway,
     target: &Target,
     path: &str,
-    leg: &Leg,
+    leg: &Encoded,
     rid: &str,
 ) -> reqwest::RequestBuilder {
     let mut request = gw
@@ -71,7 +93,7 @@ fn post(
         .post(format!("{}{path}", target.record.url.trim_end_matches('/')))
         .header("content-type", "application/json")
         .header("x-infera-request-id", rid)
-        .body(serde_json::to_vec(&leg.body).unwrap_or_default());
+        .body(leg.body.clone());
     for (name, value) in &leg.headers {
         request = request.header(*name, value);
     }
@@ -97,7 +119,7 @@ fn spawn_prefill(
     gw: &Arc<Gateway>,
     target: &Target,
     path: &str,
-    leg: &Leg,
+    leg: &Encoded,
     rid: &str,
 ) -> PrefillResult {
     let request = post(gw, target, path, leg, rid);
@@ -244,7 +266,7 @@ async fn open_decode(
     gw: &Gateway,
     target: &Target,
     path: &str,
-    leg: &Leg,
+    leg: &Encoded,
     rid: &str,
 ) -> Result<reqwest::Response, ApiError> {
     let worker = &target.record.worker_id;
@@ -303,20 +325,23 @@ async fn open_decode(
     }
 }
 
-/// Sends a prefill/decode request over `pair`; returns the decode's open response.
+/// Sends a prefill/decode request over `pair` (`body` parsed from `body_bytes` bytes);
+/// returns the decode's open response.
 pub async fn send_pair(
     gw: &Arc<Gateway>,
     pair: &PdPair<'_>,
     path: &str,
     body: &Map<String, Value>,
+    body_bytes: usize,
     rid: &str,
 ) -> Result<PdOpened, ApiError> {
-    let prefill_leg = build_prefill_leg(pair, body).map_err(|e| setup_failed(gw, &e))?;
+    let prefill_leg =
+        encode(body_bytes, || build_prefill_leg(pair, body)).map_err(|e| setup_failed(gw, &e))?;
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     match pair.protocol.topology() {
         PdTopology::Concurrent => {
-            let decode_leg =
-                build_decode_leg(pair, body, None).map_err(|e| setup_failed(gw, &e))?;
+            let decode_leg = encode(body_bytes, || build_decode_leg(pair, body, None))
+                .map_err(|e| setup_failed(gw, &e))?;
             let prefill = spawn_prefill(gw, pair.prefill, path, &prefill_leg, rid);
             let mut failed: Abort = {
                 let prefill = prefill.clone();
@@ -361,8 +386,8 @@ pub async fn send_pair(
                 })
                 .and_then(|v| extract_handoff(pair.protocol, &pair.prefill.record, &v))
                 .map_err(|e| setup_failed(gw, &e))?;
-            let decode_leg =
-                build_decode_leg(pair, body, Some(&handoff)).map_err(|e| setup_failed(gw, &e))?;
+            let decode_leg = encode(body_bytes, || build_decode_leg(pair, body, Some(&handoff)))
+                .map_err(|e| setup_failed(gw, &e))?;
             let response = open_decode(gw, pair.decode, path, &decode_leg, rid).await?;
             Ok(PdOpened {
                 response,

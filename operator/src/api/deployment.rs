@@ -648,11 +648,13 @@ fn ram_size() -> Quantity {
 }
 
 /// A node-local NVMe tier.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!self.path.matches('(^|/)[.][.]?(/|$)')").message("spec.kvCache.nvme.path: no . or .. segments (the operator checks the path against the directories the platform allows)"))]
 pub struct NvmeTier {
-    /// Directory on the node.
-    #[schemars(regex(pattern = r"^/"))]
+    /// Directory on the node (a hostPath): under one of the directories the operator
+    /// allows (the chart's `operator.kvCacheNvmeHostPaths`).
+    #[schemars(regex(pattern = r"^(/[^/\s]+)+/?$"))]
     pub path: String,
     /// Space to use.
     pub size: Quantity,

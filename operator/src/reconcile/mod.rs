@@ -418,9 +418,12 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
         write_topology_status(ctx, t, &namespace).await?;
     }
     let model = model_state(&ctx.client, idep, &namespace).await?;
+    let etcd_client_tls =
+        observe::etcd_client_tls(&ctx.client, idep, &ctx.settings.platform).await?;
     let observed = Observed {
         topology: topology.as_ref(),
         model_ready: !matches!(model, ModelState::Downloading | ModelState::Failed(_)),
+        etcd_client_tls: etcd_client_tls.as_ref(),
     };
     let selector = names::engine_selector_string(&name);
     let rendered = match render(idep, observed, &ctx.settings.platform) {

@@ -3,9 +3,9 @@
 use super::ReconcileError;
 use super::status::ModelState;
 use crate::api::InferaDeployment;
-use crate::render::names;
+use crate::render::{EtcdClientTls, Platform, names};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 
@@ -18,6 +18,27 @@ pub async fn lws_installed(client: &Client) -> bool {
         Ok(list) => list.resources.iter().any(|r| r.name == "leaderworkersets"),
         Err(_) => false,
     }
+}
+
+/// The cluster etcd's client certificate, when `idep` uses that etcd and it requires
+/// one: the data of the Secret the chart named (None when it does not exist; the build
+/// says so).
+pub async fn etcd_client_tls(
+    client: &Client,
+    idep: &InferaDeployment,
+    platform: &Platform,
+) -> Result<Option<EtcdClientTls>, ReconcileError> {
+    let Some((namespace, name)) = &platform.etcd_client_secret else {
+        return Ok(None);
+    };
+    if !Platform::uses_cluster_etcd(&idep.spec) {
+        return Ok(None);
+    }
+    let secret = Api::<Secret>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await
+        .map_err(|e| ReconcileError::Read("reading the cluster etcd's client certificate", e))?;
+    Ok(secret.map(|s| s.data.unwrap_or_default()))
 }
 
 /// Annotation on the model-cache PVC naming the `<id>@<revision>` it holds complete.

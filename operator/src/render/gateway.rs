@@ -323,8 +323,12 @@ pub fn gateway(
         ServiceType::NodePort => "NodePort",
         ServiceType::LoadBalancer => "LoadBalancer",
     };
+    let mut service_labels = labels;
+    if let Some(access) = names::metrics_access(tls, spec.gateway.metrics_require_auth) {
+        service_labels.insert(names::METRICS_ACCESS_LABEL.into(), access.into());
+    }
     let service = Service {
-        metadata: ctx.meta(name, labels),
+        metadata: ctx.meta(name, service_labels),
         spec: Some(ServiceSpec {
             type_: Some(service_type.into()),
             selector: Some(selector),

@@ -29,6 +29,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use names::Role;
 use serde::Serialize;
 use serde_json::Value;
+use std::path::Component;
 
 /// Container images of the parts Infera ships.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,7 +71,17 @@ pub struct Platform {
     pub etcd_endpoints: Vec<String>,
     /// URL of the cluster's NATS (`--default-nats-url`).
     pub nats_url: Option<String>,
+    /// The Secret (`namespace`, `name`) with the CA and client certificate of the
+    /// cluster's etcd when it requires TLS (`--default-etcd-client-secret`): copied into
+    /// each deployment that uses that etcd.
+    pub etcd_client_secret: Option<(String, String)>,
+    /// Node directories under which a deployment's `kvCache.nvme.path` may lie
+    /// (`--kv-cache-nvme-host-paths`): kvd runs as root in it.
+    pub nvme_host_paths: Vec<String>,
 }
+
+/// Where NVMe tiers may lie unless the operator is told otherwise.
+pub const DEFAULT_NVME_HOST_PATHS: [&str; 4] = ["/mnt", "/data", "/raid", "/var/lib/infera"];
 
 impl Platform {
     /// Images only: no cluster etcd or NATS.
@@ -79,25 +90,37 @@ impl Platform {
             images,
             etcd_endpoints: Vec::new(),
             nats_url: None,
+            etcd_client_secret: None,
+            nvme_host_paths: DEFAULT_NVME_HOST_PATHS.map(String::from).to_vec(),
         }
+    }
+
+    /// Whether `spec` uses the cluster's etcd (etcd discovery naming no endpoints).
+    pub fn uses_cluster_etcd(spec: &InferaDeploymentSpec) -> bool {
+        spec.discovery.backend == DiscoveryBackend::Etcd && spec.discovery.etcd.is_none()
     }
 }
 
-/// The spec with the platform's etcd and NATS filled in where the deployment picked the
-/// backend but named no endpoint.
+/// The spec of deployment `name` with the platform's etcd and NATS filled in where the
+/// deployment picked the backend but named no endpoint (the etcd's client certificate
+/// from the copy named [`names::etcd_client_secret`]).
 pub fn with_platform_endpoints(
+    name: &str,
     spec: &InferaDeploymentSpec,
     platform: &Platform,
 ) -> Result<InferaDeploymentSpec, RenderError> {
     let mut spec = spec.clone();
-    if spec.discovery.backend == DiscoveryBackend::Etcd && spec.discovery.etcd.is_none() {
+    if Platform::uses_cluster_etcd(&spec) {
         if platform.etcd_endpoints.is_empty() {
             return Err(RenderError::NoEtcd);
         }
         spec.discovery.etcd = Some(EtcdSpec {
             endpoints: platform.etcd_endpoints.clone(),
             prefix: infera_proto::discovery::DEFAULT_ETCD_PREFIX.into(),
-            tls_secret_name: None,
+            tls_secret_name: platform
+                .etcd_client_secret
+                .as_ref()
+                .map(|_| names::etcd_client_secret(name)),
             user: None,
             password_secret_ref: None,
         });
@@ -109,6 +132,34 @@ pub fn with_platform_endpoints(
         }
     }
     Ok(spec)
+}
+
+/// An NVMe tier's hostPath must lie under a directory the platform allows: kvd writes
+/// there as root, so the spec must not reach the node's system directories.
+fn check_nvme_path(spec: &InferaDeploymentSpec, platform: &Platform) -> Result<(), RenderError> {
+    let Some(nvme) = spec
+        .kv_cache
+        .nvme
+        .as_ref()
+        .filter(|_| spec.kv_cache.enabled)
+    else {
+        return Ok(());
+    };
+    let path = std::path::Path::new(&nvme.path);
+    let plain = path
+        .components()
+        .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+    let allowed = platform
+        .nvme_host_paths
+        .iter()
+        .any(|dir| path.starts_with(dir) && path != std::path::Path::new(dir.as_str()));
+    if plain && allowed {
+        return Ok(());
+    }
+    Err(RenderError::NvmePathNotAllowed {
+        path: nvme.path.clone(),
+        allowed: platform.nvme_host_paths.join(", "),
+    })
 }
 
 /// kvd takes byte counts: its sizes must be whole bytes.
@@ -187,6 +238,8 @@ impl ModelVolume {
 /// The kinds of children, with what the API server calls them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
+    /// core/v1 Secret (only the cluster etcd's client certificate, copied).
+    Secret,
     /// core/v1 ServiceAccount.
     ServiceAccount,
     /// rbac/v1 Role.
@@ -213,7 +266,8 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in apply order (identity and storage first, workloads last).
-    pub const ALL: [Kind; 11] = [
+    pub const ALL: [Kind; 12] = [
+        Kind::Secret,
         Kind::ServiceAccount,
         Kind::Role,
         Kind::RoleBinding,
@@ -231,6 +285,7 @@ impl Kind {
     /// Group, version, kind and plural.
     pub fn api_resource(self) -> ApiResource {
         let (group, version, kind, plural) = match self {
+            Kind::Secret => ("", "v1", "Secret", "secrets"),
             Kind::ServiceAccount => ("", "v1", "ServiceAccount", "serviceaccounts"),
             Kind::Role => ("rbac.authorization.k8s.io", "v1", "Role", "roles"),
             Kind::RoleBinding => (
@@ -270,8 +325,11 @@ impl Kind {
 
     /// Whether the operator deletes children of this kind it no longer renders. The
     /// model cache is kept: it holds hundreds of gigabytes that took long to download.
+    /// A copied Secret stays until the deployment is deleted: finding it would take
+    /// listing Secrets, which is reading every Secret of the namespace, a right the
+    /// operator does not hold.
     pub fn pruned(self) -> bool {
-        self != Kind::PersistentVolumeClaim
+        !matches!(self, Kind::PersistentVolumeClaim | Kind::Secret)
     }
 }
 
@@ -332,6 +390,11 @@ pub enum RenderError {
         "spec.discovery.backend is etcd but spec.discovery.etcd.endpoints is unset and the operator knows no cluster etcd (install the chart with etcd.enabled=true, or set the endpoints)"
     )]
     NoEtcd,
+    /// The cluster etcd requires a client certificate whose Secret does not exist.
+    #[error(
+        "spec.discovery uses the cluster etcd, which requires a client certificate, but its Secret {0} does not exist (the chart writes it with etcd.tls.enabled; with etcd.tls.clientSecretName it must exist, e.g. from cert-manager)"
+    )]
+    NoEtcdClientCertificate(String),
     /// NATS messaging without a URL, and no cluster NATS.
     #[error(
         "spec.messaging.backend is nats but spec.messaging.natsUrl is unset and the operator knows no cluster NATS (install the chart with nats.enabled=true, or set natsUrl)"
@@ -344,6 +407,16 @@ pub enum RenderError {
         field: &'static str,
         /// What it holds.
         value: String,
+    },
+    /// An NVMe tier outside the directories the platform allows.
+    #[error(
+        "spec.kvCache.nvme.path {path:?} is not below a directory this operator allows for NVMe tiers ({allowed}); use a folder below one, or ask the platform team to add one (the chart's operator.kvCacheNvmeHostPaths)"
+    )]
+    NvmePathNotAllowed {
+        /// The path.
+        path: String,
+        /// The allowed directories.
+        allowed: String,
     },
     /// The object was never stored (no uid for owner references).
     #[error("the InferaDeployment has no uid or namespace yet")]
@@ -359,22 +432,31 @@ impl RenderError {
             Self::Resolve(ResolveError::Parallelism { .. }) => "InvalidParallelism",
             Self::NameTooLong(_) => "NameTooLong",
             Self::NoEtcd => "EtcdEndpointsMissing",
+            Self::NoEtcdClientCertificate(_) => "EtcdClientCertificateMissing",
             Self::NoNats => "NatsUrlMissing",
             Self::Quantity { .. } => "InvalidQuantity",
+            Self::NvmePathNotAllowed { .. } => "NvmePathNotAllowed",
             Self::NotStored => "NotStored",
         }
     }
 }
 
 /// What the build needs besides the two resources.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Observed<'a> {
     /// The referenced topology, if it exists.
     pub topology: Option<&'a PDTopology>,
     /// The model is in place: a PVC or host path, or a finished download (then the
     /// download Job is no longer rendered).
     pub model_ready: bool,
+    /// The data of the cluster etcd's client certificate Secret
+    /// ([`Platform::etcd_client_secret`]), when the deployment uses that etcd and it
+    /// exists.
+    pub etcd_client_tls: Option<&'a EtcdClientTls>,
 }
+
+/// A Secret's data, as stored.
+pub type EtcdClientTls = std::collections::BTreeMap<String, k8s_openapi::ByteString>;
 
 /// Serializes a typed object into a child with the owner reference set.
 pub fn child<T: Resource<DynamicType = ()> + Serialize>(
@@ -443,8 +525,9 @@ pub fn render(
     };
     // Foreground deletion of the deployment waits for its children.
     owner.block_owner_deletion = Some(true);
-    let spec = with_platform_endpoints(&idep.spec, platform)?;
+    let spec = with_platform_endpoints(&name, &idep.spec, platform)?;
     check_kv_cache_sizes(&spec)?;
+    check_nvme_path(&spec, platform)?;
     let spec = &spec;
     let topology = observed.topology;
     let workers = resolve_workers(
@@ -482,7 +565,17 @@ pub fn render(
         owner: &owner,
         images,
     };
-    let mut children = gateway::identity(&ctx, spec);
+    let mut children = Vec::new();
+    if let (true, Some((secret_ns, secret))) = (
+        Platform::uses_cluster_etcd(&idep.spec),
+        &platform.etcd_client_secret,
+    ) {
+        let data = observed
+            .etcd_client_tls
+            .ok_or_else(|| RenderError::NoEtcdClientCertificate(format!("{secret_ns}/{secret}")))?;
+        children.push(secrets::etcd_client_copy(&ctx, data));
+    }
+    children.extend(gateway::identity(&ctx, spec));
     children.extend(network_policy::engine_network_policy(&ctx, spec));
     let download_job = match model::download(&ctx, spec, observed.model_ready) {
         Some(objs) => {

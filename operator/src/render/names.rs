@@ -69,12 +69,39 @@ pub fn gateway_selector(instance: &str) -> BTreeMap<String, String> {
     ])
 }
 
+/// Every engine pod of the deployment: the label pairs, in `status.selector`'s order.
+fn engine_selector_pairs(instance: &str) -> [(&'static str, &str); 2] {
+    [
+        (DEPLOYMENT_LABEL, instance),
+        ("app.kubernetes.io/component", "engine"),
+    ]
+}
+
 /// Every engine pod of the deployment, as labels.
 pub fn engine_selector(instance: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        (DEPLOYMENT_LABEL.into(), instance.into()),
-        ("app.kubernetes.io/component".into(), "engine".into()),
-    ])
+    engine_selector_pairs(instance)
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .into()
+}
+
+/// Label of a gateway Service whose `/metrics` needs more than plain HTTP: `tls`,
+/// `auth` (an API key) or `tls-auth`. The chart's ServiceMonitor leaves these gateways
+/// to one configured for them (`metrics.serviceMonitor.securedGateways`).
+pub const METRICS_ACCESS_LABEL: &str = "infera.amd.com/metrics-access";
+
+/// The [`METRICS_ACCESS_LABEL`] value; none for plain HTTP without a key.
+pub fn metrics_access(tls: bool, auth: bool) -> Option<&'static str> {
+    match (tls, auth) {
+        (false, false) => None,
+        (true, false) => Some("tls"),
+        (false, true) => Some("auth"),
+        (true, true) => Some("tls-auth"),
+    }
+}
+
+/// The deployment's copy of the cluster etcd's client certificate.
+pub fn etcd_client_secret(instance: &str) -> String {
+    format!("{instance}-etcd-client")
 }
 
 /// The engine pods' NetworkPolicy.
@@ -84,7 +111,9 @@ pub fn engine_network_policy(instance: &str) -> String {
 
 /// `InferaDeployment.status.selector`: every engine pod of the deployment.
 pub fn engine_selector_string(instance: &str) -> String {
-    format!("{DEPLOYMENT_LABEL}={instance},app.kubernetes.io/component=engine")
+    engine_selector_pairs(instance)
+        .map(|(k, v)| format!("{k}={v}"))
+        .join(",")
 }
 
 /// Label selector that finds every child of `instance` (for pruning).

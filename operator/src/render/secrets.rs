@@ -2,8 +2,9 @@
 //! on them. Each is mounted whole (no `subPath`), so the kubelet updates the files in
 //! place when the Secret changes, and the programs read them again.
 
+use super::{Child, Ctx, EtcdClientTls, Kind, child, names};
 use crate::api::{DiscoveryBackend, EtcdSpec, InferaDeploymentSpec, SecretKeyRef};
-use k8s_openapi::api::core::v1::{KeyToPath, SecretVolumeSource, Volume, VolumeMount};
+use k8s_openapi::api::core::v1::{KeyToPath, Secret, SecretVolumeSource, Volume, VolumeMount};
 
 /// Volume `name` of Secret `secret` (only `items`, renamed, when given) at `dir`.
 pub fn secret_volume(
@@ -92,4 +93,28 @@ fn etcd_client_volumes(etcd: &EtcdSpec) -> Vec<(Volume, VolumeMount)> {
         ));
     }
     out
+}
+
+/// The keys of a client certificate Secret the etcd flags read.
+const TLS_KEYS: [&str; 3] = ["ca.crt", "tls.crt", "tls.key"];
+
+/// The deployment's copy of the cluster etcd's client certificate (those keys of `data`),
+/// owned by the deployment: its gateways and sidecars can only mount Secrets of their
+/// own namespace. Re-applied on every reconcile, so a renewed certificate is copied.
+pub fn etcd_client_copy(ctx: &Ctx<'_>, data: &EtcdClientTls) -> Child {
+    let secret = Secret {
+        metadata: ctx.meta(
+            names::etcd_client_secret(ctx.name),
+            names::instance_labels(ctx.name, "etcd-client"),
+        ),
+        type_: Some("kubernetes.io/tls".into()),
+        data: Some(
+            data.iter()
+                .filter(|(k, _)| TLS_KEYS.contains(&k.as_str()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        ),
+        ..Default::default()
+    };
+    child(Kind::Secret, secret, Some(ctx.owner))
 }

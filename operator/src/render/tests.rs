@@ -39,6 +39,7 @@ fn render_example(dep: &InferaDeployment, topos: &[PDTopology], model_ready: boo
         Observed {
             topology,
             model_ready,
+            ..Default::default()
         },
         &Platform::with_images(images()),
     )
@@ -565,6 +566,11 @@ fn a_gateway_with_keys_and_tls_mounts_both_secrets_and_probes_https() {
     }
     let service = find(&r, Kind::Service, &format!("{name}-gateway"));
     assert_eq!(service["spec"]["ports"][0]["appProtocol"], "https");
+    // The chart's plain ServiceMonitor skips it; the secured one finds it.
+    assert_eq!(
+        service["metadata"]["labels"]["infera.amd.com/metrics-access"],
+        "tls-auth"
+    );
     // Without them: plain HTTP, no auth, nothing mounted for them.
     let (plain, _) = load(&repo().join("examples/sim/deployment.yaml"));
     let r = render_example(&plain[0], &topos, true);
@@ -579,6 +585,12 @@ fn a_gateway_with_keys_and_tls_mounts_both_secrets_and_probes_https() {
         assert!(!gargs.iter().any(|a| a == f), "{f}");
     }
     assert!(gateway["readinessProbe"]["httpGet"].get("scheme").is_none());
+    let service = find(&r, Kind::Service, &format!("{name}-gateway"));
+    assert!(
+        service["metadata"]["labels"]
+            .get("infera.amd.com/metrics-access")
+            .is_none()
+    );
 }
 
 #[test]
@@ -771,6 +783,7 @@ fn what_cannot_work_is_a_reason_not_a_panic() {
         Observed {
             topology: None,
             model_ready: true,
+            ..Default::default()
         },
         &Platform::with_images(images()),
     )
@@ -783,6 +796,7 @@ fn what_cannot_work_is_a_reason_not_a_panic() {
         Observed {
             topology: topos.first(),
             model_ready: true,
+            ..Default::default()
         },
         &Platform::with_images(images()),
     )
@@ -796,7 +810,8 @@ fn what_cannot_work_is_a_reason_not_a_panic() {
             &long,
             Observed {
                 topology: topos.first(),
-                model_ready: true
+                model_ready: true,
+                ..Default::default()
             },
             &Platform::with_images(images())
         )
@@ -818,6 +833,7 @@ fn etcd_and_nats_without_endpoints_use_the_cluster_ones_or_say_what_is_missing()
         Observed {
             topology: None,
             model_ready: true,
+            ..Default::default()
         },
         &bare,
     )
@@ -835,6 +851,7 @@ fn etcd_and_nats_without_endpoints_use_the_cluster_ones_or_say_what_is_missing()
         Observed {
             topology: None,
             model_ready: true,
+            ..Default::default()
         },
         &platform,
     )
@@ -849,6 +866,7 @@ fn etcd_and_nats_without_endpoints_use_the_cluster_ones_or_say_what_is_missing()
         Observed {
             topology: topos.first(),
             model_ready: true,
+            ..Default::default()
         },
         &platform,
     )
@@ -876,6 +894,136 @@ fn etcd_and_nats_without_endpoints_use_the_cluster_ones_or_say_what_is_missing()
 }
 
 #[test]
+fn a_cluster_etcd_with_tls_is_reached_with_a_copy_of_its_client_certificate() {
+    let (mut deps, _) = load(&repo().join("examples/sim/deployment.yaml"));
+    let dep = &mut deps[0];
+    dep.spec.discovery.backend = crate::api::DiscoveryBackend::Etcd;
+    let platform = Platform {
+        etcd_endpoints: vec!["https://infera-etcd.infera-system.svc:2379".into()],
+        etcd_client_secret: Some(("infera-system".into(), "infera-etcd-client-tls".into())),
+        ..Platform::with_images(images())
+    };
+    let observed = Observed {
+        model_ready: true,
+        ..Default::default()
+    };
+    let e = render(dep, observed, &platform).unwrap_err();
+    assert_eq!(e.reason(), "EtcdClientCertificateMissing");
+    assert!(
+        e.to_string()
+            .contains("infera-system/infera-etcd-client-tls"),
+        "{e}"
+    );
+
+    let data: crate::render::EtcdClientTls = ["ca.crt", "tls.crt", "tls.key", "ca.key"]
+        .into_iter()
+        .map(|k| (k.to_owned(), k8s_openapi::ByteString(k.as_bytes().to_vec())))
+        .collect();
+    let r = render(
+        dep,
+        Observed {
+            etcd_client_tls: Some(&data),
+            ..observed
+        },
+        &platform,
+    )
+    .unwrap();
+    let copy = find(&r, Kind::Secret, "sim-mixed-etcd-client");
+    assert_eq!(
+        copy["metadata"]["namespace"],
+        dep.metadata.namespace.clone().unwrap()
+    );
+    assert_eq!(copy["metadata"]["ownerReferences"][0]["name"], "sim-mixed");
+    let keys: Vec<&str> = copy["data"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        keys,
+        ["ca.crt", "tls.crt", "tls.key"],
+        "the CA's key is not copied"
+    );
+    assert_eq!(
+        r.children[0].kind,
+        Kind::Secret,
+        "applied before the pods mount it"
+    );
+    // Gateways and sidecars mount the copy and use it.
+    let gw = &find(&r, Kind::Deployment, "sim-mixed-gateway")["spec"]["template"];
+    let pod = &find(&r, Kind::StatefulSet, "sim-mixed-mixed")["spec"]["template"];
+    for (template, container) in [
+        (gw, &gw["spec"]["containers"][0]),
+        (pod, container(pod, "initContainers", "sidecar")),
+    ] {
+        let a = args(container, "args");
+        assert_eq!(
+            flag(&a, "--etcd-ca-file").as_deref(),
+            Some("/etc/infera/etcd-tls/ca.crt")
+        );
+        assert!(
+            template["spec"]["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|v| v["secret"]["secretName"] == "sim-mixed-etcd-client"),
+            "{}",
+            template["spec"]["volumes"]
+        );
+    }
+    // A deployment naming its own etcd gets no copy.
+    dep.spec.discovery.etcd = Some(crate::api::EtcdSpec {
+        endpoints: vec!["http://etcd.example:2379".into()],
+        prefix: "/infera/workers/".into(),
+        tls_secret_name: None,
+        user: None,
+        password_secret_ref: None,
+    });
+    let r = render(dep, observed, &platform).unwrap();
+    assert!(r.children.iter().all(|c| c.kind != Kind::Secret));
+}
+
+#[test]
+fn an_nvme_tier_outside_the_allowed_directories_is_a_reason() {
+    let (mut deps, topos) = load(&repo().join("examples/sim/deployment.yaml"));
+    let dep = &mut deps[0];
+    dep.spec.kv_cache.enabled = true;
+    let platform = Platform {
+        nvme_host_paths: vec!["/mnt".into(), "/data".into()],
+        ..Platform::with_images(images())
+    };
+    let observed = Observed {
+        topology: topos.first(),
+        model_ready: true,
+        ..Default::default()
+    };
+    for (path, ok) in [
+        ("/mnt/nvme0/kvd", true),
+        ("/data/kvd/", true),
+        ("/mnt", false),
+        ("/mntx/kvd", false),
+        ("/etc", false),
+        ("/var/lib/kubelet/pods", false),
+        ("/mnt/../etc", false),
+        ("/", false),
+    ] {
+        dep.spec.kv_cache.nvme = Some(crate::api::NvmeTier {
+            path: path.into(),
+            size: k8s_openapi::apimachinery::pkg::api::resource::Quantity("1Ti".into()),
+        });
+        match render(dep, observed, &platform) {
+            Ok(_) => assert!(ok, "{path} was allowed"),
+            Err(e) => {
+                assert!(!ok, "{path}: {e}");
+                assert_eq!(e.reason(), "NvmePathNotAllowed");
+                assert!(e.to_string().contains("/mnt, /data"), "{e}");
+            }
+        }
+    }
+}
+
+#[test]
 fn a_kv_cache_size_that_is_not_bytes_is_a_reason() {
     let (mut deps, topos) = load(&repo().join("examples/sim/deployment.yaml"));
     let dep = &mut deps[0];
@@ -886,6 +1034,7 @@ fn a_kv_cache_size_that_is_not_bytes_is_a_reason() {
         Observed {
             topology: topos.first(),
             model_ready: true,
+            ..Default::default()
         },
         &Platform::with_images(images()),
     )
