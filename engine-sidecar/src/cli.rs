@@ -4,28 +4,16 @@
 //! the engine verbatim. Each infera flag has an `INFERA_*` environment variable
 //! (flag > environment > default).
 
+use infera_engine_prep::Launch;
 use infera_etcd_conn::EtcdSecurity;
 use std::time::Duration;
 use thiserror::Error;
 
-/// Which engine the sidecar runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EngineArg {
-    /// vLLM.
-    Vllm,
-    /// SGLang.
-    Sglang,
-    /// ATOM.
-    Atom,
-    /// `infera-sim` (its `--engine` flag says which engine it imitates).
-    Sim,
-}
-
 /// The sidecar's own settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SidecarArgs {
-    /// Engine kind.
-    pub engine: EngineArg,
+    /// What runs: the engine, or `infera-sim` imitating the one its `--engine` flag names.
+    pub engine: Launch,
     /// etcd endpoints.
     pub etcd_endpoints: Vec<String>,
     /// etcd prefix.
@@ -150,13 +138,10 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
     if first == "--help" || first == "-h" {
         return Err(CliError::Help);
     }
-    let engine = match first.as_str() {
-        "vllm" => EngineArg::Vllm,
-        "sglang" => EngineArg::Sglang,
-        "atom" => EngineArg::Atom,
-        "sim" => EngineArg::Sim,
-        other => return Err(CliError::UnknownEngine(other.to_owned())),
-    };
+    let word = first.as_str();
+    if !matches!(word, "vllm" | "sglang" | "atom" | "sim") {
+        return Err(CliError::UnknownEngine(word.to_owned()));
+    }
     let mut values: Vec<(&'static str, String)> = Vec::new();
     let mut kv_events: Option<bool> = None;
     let mut attach = matches!(env_or("INFERA_ATTACH", "0").as_str(), "1" | "true" | "yes");
@@ -254,6 +239,8 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
             message: format!("{v:?} is not a GID index"),
         })?),
     };
+    let engine = Launch::from_word(word, &engine_args)
+        .ok_or_else(|| CliError::UnknownEngine(word.to_owned()))?;
     let args = SidecarArgs {
         engine,
         etcd_endpoints,
@@ -338,6 +325,7 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use infera_proto::worker::EngineKind;
 
     fn args(s: &str) -> Vec<String> {
         s.split_whitespace().map(str::to_owned).collect()
@@ -350,7 +338,7 @@ mod tests {
              --etcd-prefix-extra x --no-enable-kv-events --drain-timeout=5",
         ))
         .unwrap();
-        assert_eq!(a.engine, EngineArg::Sglang);
+        assert_eq!(a.engine, Launch::Engine(EngineKind::Sglang));
         assert_eq!(a.etcd_endpoints, vec!["http://e:1", "http://e:2"]);
         assert_eq!(a.advertise_host, "10.0.0.5");
         assert!(!a.enable_kv_events);

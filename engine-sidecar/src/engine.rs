@@ -2,7 +2,7 @@
 //! health, page size and load over HTTP, and stopped (SIGTERM to the group, SIGKILL after
 //! a grace period).
 
-use crate::prepare::PreparedEngine;
+use infera_engine_prep::prepare::PreparedEngine;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};

@@ -2,7 +2,8 @@
 //! model name, page size, KV-event endpoint, data-parallel size and, for `sim`, which
 //! engine it imitates.
 
-use crate::cli::EngineArg;
+use infera_engine_prep::Launch;
+pub use infera_engine_prep::flags::flag_value;
 use infera_proto::worker::EngineKind;
 use serde_json::Value;
 
@@ -23,25 +24,10 @@ pub struct EngineFacts {
     pub dp_size: u32,
 }
 
-/// The value of `flag` (`--flag value` or `--flag=value`), last one winning.
-pub fn flag_value<'a>(args: &'a [String], names: &[&str]) -> Option<&'a str> {
-    let mut found = None;
-    for (i, a) in args.iter().enumerate() {
-        for name in names {
-            if a == name {
-                found = args.get(i + 1).map(String::as_str);
-            } else if let Some(v) = a.strip_prefix(name).and_then(|r| r.strip_prefix('=')) {
-                found = Some(v);
-            }
-        }
-    }
-    found
-}
-
-fn default_port(engine: EngineArg) -> u16 {
-    match engine {
-        EngineArg::Sglang => 30000,
-        EngineArg::Vllm | EngineArg::Atom | EngineArg::Sim => 8000,
+fn default_port(launch: Launch) -> u16 {
+    match launch {
+        Launch::Engine(EngineKind::Sglang) => 30000,
+        Launch::Engine(_) | Launch::Sim(_) => 8000,
     }
 }
 
@@ -61,12 +47,12 @@ pub fn endpoint_port(endpoint: &str) -> Option<u16> {
 }
 
 /// Reads the facts; the model name falls back to the first positional argument.
-pub fn read_engine_facts(engine: EngineArg, args: &[String]) -> Result<EngineFacts, String> {
+pub fn read_engine_facts(launch: Launch, args: &[String]) -> Result<EngineFacts, String> {
     let port = match flag_value(args, &["--port"]) {
         Some(p) => p
             .parse()
             .map_err(|_| format!("engine flag --port {p:?} is not a port"))?,
-        None => default_port(engine),
+        None => default_port(launch),
     };
     let positional = args.first().filter(|a| !a.starts_with('-')).cloned();
     let model = flag_value(args, &["--served-model-name", "--model-name"])
@@ -90,16 +76,7 @@ pub fn read_engine_facts(engine: EngineArg, args: &[String]) -> Result<EngineFac
     let dp_size = flag_value(args, &["--data-parallel-size", "--dp-size", "--dp"])
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
-    let kind = match engine {
-        EngineArg::Vllm => EngineKind::Vllm,
-        EngineArg::Sglang => EngineKind::Sglang,
-        EngineArg::Atom => EngineKind::Atom,
-        EngineArg::Sim => match flag_value(args, &["--engine"]) {
-            Some("sglang") => EngineKind::Sglang,
-            Some("atom") => EngineKind::Atom,
-            _ => EngineKind::Vllm,
-        },
-    };
+    let kind = launch.engine();
     Ok(EngineFacts {
         kind,
         port,
@@ -132,7 +109,7 @@ mod tests {
     #[test]
     fn reads_each_engines_flags() {
         let f = read_engine_facts(
-            EngineArg::Sglang,
+            Launch::Engine(EngineKind::Sglang),
             &args("--model-path /models/q --served-model-name q --page-size 64 --dp 2"),
         )
         .unwrap();
@@ -141,7 +118,7 @@ mod tests {
             (EngineKind::Sglang, 30000, "q", Some(64), 2)
         );
         let f = read_engine_facts(
-            EngineArg::Vllm,
+            Launch::Engine(EngineKind::Vllm),
             &args("/models/llama --port=8100 --block-size 32"),
         )
         .unwrap();
@@ -155,22 +132,19 @@ mod tests {
             r#"{"publisher":"zmq","endpoint":"tcp://*:5600"}"#.to_owned(),
         ];
         assert_eq!(
-            read_engine_facts(EngineArg::Vllm, &cfg)
+            read_engine_facts(Launch::Engine(EngineKind::Vllm), &cfg)
                 .unwrap()
                 .kv_events_port,
             Some(5600)
         );
-        let f = read_engine_facts(
-            EngineArg::Sim,
-            &args("--engine sglang --served-model-name s --port 9000"),
-        )
-        .unwrap();
+        let sim = args("--engine sglang --served-model-name s --port 9000");
+        let f = read_engine_facts(Launch::from_word("sim", &sim).unwrap(), &sim).unwrap();
         assert_eq!((f.kind, f.port), (EngineKind::Sglang, 9000));
         assert!(
-            read_engine_facts(EngineArg::Vllm, &args("--port 1"))
+            read_engine_facts(Launch::Engine(EngineKind::Vllm), &args("--port 1"))
                 .unwrap_err()
                 .contains("no model")
         );
-        assert!(read_engine_facts(EngineArg::Vllm, &args("m --port x")).is_err());
+        assert!(read_engine_facts(Launch::Engine(EngineKind::Vllm), &args("m --port x")).is_err());
     }
 }

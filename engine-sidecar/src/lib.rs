@@ -5,7 +5,8 @@
 //! drains in-flight requests, then stops the engine.
 //!
 //! - [`cli`]: the launcher-style command line; [`engine_args`]: facts read from the
-//!   engine's flags; [`prepare`]: the argv and env the engine is launched with.
+//!   engine's flags; the argv and env the engine is launched with come from
+//!   `infera_engine_prep`, which the operator shares.
 //! - [`engine`]: the engine process (health, page size, load, stop).
 //! - [`record`]: the worker record; [`registration`]: lease, keepalive, re-registration.
 
@@ -15,7 +16,6 @@ pub mod disagg;
 pub mod engine;
 pub mod engine_args;
 pub mod gid;
-pub mod prepare;
 pub mod record;
 pub mod registration;
 pub mod relay;

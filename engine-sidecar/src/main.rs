@@ -3,11 +3,11 @@
 //! Exit codes: 0 clean shutdown; 2 bad command line or configuration; 3 the engine never
 //! became healthy; 4 the engine exited, or stopped answering `/health`, on its own.
 
+use infera_engine_prep::prepare::prepare_engine;
 use infera_engine_sidecar::cli::{CliError, SidecarArgs, USAGE, parse_args};
 use infera_engine_sidecar::disagg::{DisaggRole, detect_role, preflight};
 use infera_engine_sidecar::engine::EngineProcess;
 use infera_engine_sidecar::engine_args::read_engine_facts;
-use infera_engine_sidecar::prepare::prepare_engine;
 use infera_engine_sidecar::record::build_record;
 use infera_engine_sidecar::registration::{Registration, RegistrationState, run_registration};
 use infera_engine_sidecar::relay::{RelayCounters, connect_jetstream, relay_rank};

@@ -114,13 +114,7 @@ async fn metrics(State(s): State<Shared>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
-/// The header a `/drain` caller outside the Pod's loopback sends (the kubelet's
-/// `preStop` hook, from the node).
-pub const DRAIN_TOKEN_HEADER: &str = "x-infera-drain-token";
-
-/// The environment variable the sidecar reads the token from (never a flag: argv is
-/// visible to every process of the Pod).
-pub const DRAIN_TOKEN_ENV: &str = "INFERA_DRAIN_TOKEN";
+pub use infera_proto::sidecar::{DRAIN_TOKEN_ENV, DRAIN_TOKEN_HEADER};
 
 /// Whether a `/drain` from `peer` presenting `headers` may take this worker out of
 /// routing: anyone on the loopback (the Pod itself), others only with the token.

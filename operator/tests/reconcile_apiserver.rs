@@ -713,8 +713,48 @@ spec:
     })
     .await;
     wait_condition(&client, &ns, "pd", "Degraded", "False", None).await;
+    // The topology follows its users: pd no longer references it (usedBy used to keep
+    // naming it), a new user appears, and goes again when deleted.
+    wait_used_by(&topologies, "shape", &[], "Unused").await;
+    apply_yaml(
+        &kubeconfig,
+        &ns,
+        &PD_SIM
+            .replace("FLAVOR", "vllm")
+            .replace("name: pd}", "name: pd2}"),
+    );
+    wait_used_by(&topologies, "shape", &["pd2"], "TransportSupported").await;
+    kube::Api::<InferaDeployment>::namespaced(client.clone(), &ns)
+        .delete("pd2", &Default::default())
+        .await
+        .unwrap();
+    wait_used_by(&topologies, "shape", &[], "Unused").await;
+    // A topology nothing ever referenced gets its status too.
+    apply_yaml(
+        &kubeconfig,
+        &ns,
+        &SHAPE.replace("name: shape", "name: spare"),
+    );
+    wait_used_by(&topologies, "spare", &[], "Unused").await;
     op.assert_never_forbidden();
     support::drop_namespace(&client, &ns).await;
+}
+
+/// Waits until topology `name` lists exactly `users` with `Valid` for `reason`.
+async fn wait_used_by(topologies: &Api<PDTopology>, name: &str, users: &[&str], reason: &str) {
+    eventually(
+        &format!("{name}: usedBy {users:?}, {reason}"),
+        WAIT,
+        || async {
+            let t = topologies.get(name).await.map_err(|e| e.to_string())?;
+            let s = t.status.clone().unwrap_or_default();
+            match s.conditions.first() {
+                Some(c) if s.used_by == users && c.reason == reason => Ok(()),
+                other => Err(format!("{:?} {other:?}", s.used_by)),
+            }
+        },
+    )
+    .await;
 }
 
 #[tokio::test]

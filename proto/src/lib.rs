@@ -15,6 +15,7 @@
 //! - [`retention`]: retention classes, client cache hints and per-engine forwarding.
 //! - [`pd`]: prefill/decode connector protocol names and their leg order.
 //! - [`error_class`]: the gateway's closed set of errors and their OpenAI/Anthropic JSON.
+//! - [`sidecar`]: the drain header and variable the operator renders for the sidecar.
 
 pub mod block_hash;
 pub mod discovery;
@@ -23,5 +24,6 @@ pub mod kv_events;
 pub mod kv_stream;
 pub mod pd;
 pub mod retention;
+pub mod sidecar;
 pub mod tokenizer;
 pub mod worker;

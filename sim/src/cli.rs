@@ -20,17 +20,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Engine to imitate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum EngineArg {
-    /// vLLM: tagged-map KV events with 32-byte hashes, `vllm:` metrics.
-    Vllm,
-    /// SGLang: array KV events with int hashes, `sglang:` metrics, `/get_server_info`.
-    Sglang,
-    /// ATOM: vLLM-style API, tagged-map events; PD over `/v1/completions` only.
-    Atom,
-}
-
 /// KV-event layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LayoutArg {
@@ -74,9 +63,12 @@ pub struct Cli {
     #[arg(long)]
     pub port: Option<u16>,
 
-    /// Which engine's API details, metric names and KV-event layout to reproduce.
-    #[arg(long, value_enum, default_value_t = EngineArg::Vllm)]
-    pub engine: EngineArg,
+    /// Which engine's API details, metric names and KV-event layout to reproduce: vllm
+    /// (tagged-map KV events with 32-byte hashes, `vllm:` metrics), sglang (array KV
+    /// events with int hashes, `sglang:` metrics, `/get_server_info`) or atom (vLLM-style
+    /// API, tagged-map events; PD over `/v1/completions` only).
+    #[arg(long, default_value = "vllm", value_parser = engine_kind)]
+    pub engine: EngineKind,
 
     /// KV-event layout, overriding the engine's default.
     #[arg(long, value_enum)]
@@ -238,15 +230,14 @@ pub fn parse_lenient(mut args: Vec<String>) -> Result<(Cli, Vec<String>), clap::
     }
 }
 
-impl Cli {
-    fn engine_kind(&self) -> EngineKind {
-        match self.engine {
-            EngineArg::Vllm => EngineKind::Vllm,
-            EngineArg::Sglang => EngineKind::Sglang,
-            EngineArg::Atom => EngineKind::Atom,
-        }
-    }
+/// `--engine`'s value.
+fn engine_kind(value: &str) -> Result<EngineKind, String> {
+    value
+        .parse()
+        .map_err(|()| format!("{value:?}: expected vllm, sglang or atom"))
+}
 
+impl Cli {
     fn profile(&self) -> Result<LatencyProfile> {
         if let Some(p) = LatencyProfile::builtin(&self.profile) {
             return Ok(p);
@@ -343,7 +334,7 @@ impl Cli {
     fn event_format(&self) -> Option<KvEventFormat> {
         self.kv_event_layout
             .map(|layout| match (layout, self.engine) {
-                (LayoutArg::Array, EngineArg::Sglang) => KvEventFormat::Sglang,
+                (LayoutArg::Array, EngineKind::Sglang) => KvEventFormat::Sglang,
                 (LayoutArg::Array, _) => KvEventFormat::VllmArray,
                 (LayoutArg::TaggedMap, _) => KvEventFormat::VllmTaggedMap,
                 (LayoutArg::MapBatch, _) => KvEventFormat::VllmMapBatch,
@@ -398,11 +389,11 @@ impl Cli {
             .and_then(Value::as_str)
             .unwrap_or("mooncake");
         let protocol = match (self.engine, connector) {
-            (EngineArg::Atom, "mooncake") => PdProtocol::AtomMooncake,
-            (EngineArg::Vllm, "MooncakeConnector" | "MooncakeStoreConnector") => {
+            (EngineKind::Atom, "mooncake") => PdProtocol::AtomMooncake,
+            (EngineKind::Vllm, "MooncakeConnector" | "MooncakeStoreConnector") => {
                 PdProtocol::VllmMooncake
             }
-            (EngineArg::Vllm, "MoRIIOConnector") => {
+            (EngineKind::Vllm, "MoRIIOConnector") => {
                 let read = extra.get("read_mode").is_some_and(|v| {
                     v.as_bool() == Some(true) || matches!(v.as_str(), Some("true" | "1"))
                 }) || std::env::var("VLLM_MORIIO_CONNECTOR_READ_MODE")
@@ -474,7 +465,7 @@ impl Cli {
             .map(|(i, addr)| {
                 Ok(WorkerConfig {
                     listen: addr,
-                    engine: self.engine_kind(),
+                    engine: self.engine,
                     model: model.clone(),
                     core: core.clone(),
                     timing: Timing {

@@ -9,7 +9,6 @@ use infera_gateway::config::GatewayConfig;
 use infera_gateway::gateway::Gateway;
 use infera_gateway::registry::Registry;
 use infera_gateway::server::{RunningGateway, start_embedded};
-use infera_operator::api::SimFlavor;
 use infera_prompt::PromptCodec;
 use infera_proto::pd::PdProtocol;
 use infera_sim::core::CoreConfig;
@@ -124,7 +123,7 @@ impl Fleet {
                 .await??;
             records.push(build_sim_record(
                 worker.addr,
-                SimFlavor::Vllm,
+                infera_proto::worker::EngineKind::Vllm,
                 MODEL,
                 role.as_ref(),
                 events.as_deref(),

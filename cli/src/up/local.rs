@@ -9,7 +9,7 @@ use infera_gateway::config::GatewayConfig;
 use infera_gateway::gateway::Gateway;
 use infera_gateway::registry::Registry;
 use infera_gateway::server::{RunningGateway, start_embedded, start_gateway};
-use infera_operator::api::{RoutingPolicy, SimFlavor};
+use infera_operator::api::RoutingPolicy;
 use infera_prompt::PromptCodec;
 use infera_proto::discovery::{LEASE_TTL, build_worker_key};
 use infera_proto::pd::PdProtocol;
@@ -65,14 +65,6 @@ pub struct LocalCluster {
     registrations: tokio::task::JoinSet<()>,
 }
 
-fn sim_engine(flavor: SimFlavor) -> EngineKind {
-    match flavor {
-        SimFlavor::Vllm => EngineKind::Vllm,
-        SimFlavor::Sglang => EngineKind::Sglang,
-        SimFlavor::Atom => EngineKind::Atom,
-    }
-}
-
 /// A free loopback port (bound then released).
 pub fn free_port() -> Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
@@ -82,7 +74,7 @@ pub fn free_port() -> Result<u16> {
 /// The record a launcher would register for a simulated worker.
 pub fn build_sim_record(
     addr: SocketAddr,
-    flavor: SimFlavor,
+    flavor: EngineKind,
     model: &str,
     role: Option<&PdRole>,
     kv_events: Option<&str>,
@@ -97,7 +89,7 @@ pub fn build_sim_record(
         "worker_id": addr.to_string(),
         "url": format!("http://{addr}"),
         "model_name": model,
-        "engine": sim_engine(flavor).as_str(),
+        "engine": flavor.as_str(),
         "disagg_mode": mode,
         "disagg_meta": role.map(build_disagg_meta),
         "kv_events_endpoint": kv_events,
@@ -167,7 +159,7 @@ async fn start_sim_worker(
         .remove(0);
     let port = free_port()?;
     cfg.listen = SocketAddr::from(([127, 0, 0, 1], port));
-    cfg.engine = sim_engine(d.flavor);
+    cfg.engine = d.flavor;
     cfg.model = d.model.clone();
     cfg.event_format = None;
     cfg.pd = match d.protocol {
@@ -223,9 +215,9 @@ fn launch_engine(d: &LocalDeployment, etcd: &str, port: u16) -> Result<tokio::pr
         "127.0.0.1".into(),
     ];
     let model_flag = match d.flavor {
-        SimFlavor::Vllm => None,
-        SimFlavor::Sglang => Some("--model-path"),
-        SimFlavor::Atom => Some("--model"),
+        EngineKind::Vllm => None,
+        EngineKind::Sglang => Some("--model-path"),
+        EngineKind::Atom => Some("--model"),
     };
     args.extend(model_flag.map(str::to_owned));
     args.push(d.model_path.clone());
@@ -413,7 +405,7 @@ pub async fn start(plan: &LocalPlan, host: &str, discovery: Discovery) -> Result
 
 impl LocalDeployment {
     fn flavor_name(&self) -> &'static str {
-        sim_engine(self.flavor).as_str()
+        self.flavor.as_str()
     }
 }
 
@@ -498,7 +490,7 @@ mod tests {
         };
         let mixed = build_sim_record(
             addr,
-            SimFlavor::Vllm,
+            EngineKind::Vllm,
             "fixture-model",
             None,
             Some("tcp://127.0.0.1:5557"),
@@ -508,11 +500,7 @@ mod tests {
         check(&mixed, None);
         assert_eq!(mixed.events_endpoint(), Some("tcp://127.0.0.1:5557"));
         for protocol in PdProtocol::ALL {
-            let flavor = match protocol.engine() {
-                EngineKind::Vllm => SimFlavor::Vllm,
-                EngineKind::Sglang => SimFlavor::Sglang,
-                EngineKind::Atom => SimFlavor::Atom,
-            };
+            let flavor = protocol.engine();
             for leg in [PdLeg::Prefill, PdLeg::Decode] {
                 let role = loopback_pd_role(protocol, leg, 8000, "fixture-engine".into()).unwrap();
                 let built =

@@ -3,8 +3,8 @@
 //! and the gateway's settings.
 
 use super::manifest::Manifests;
-use infera_operator::api::resolve::{ResolveError, Workers, effective_engine, resolve_workers};
-use infera_operator::api::{EngineKind, InferaDeployment, RoutingPolicy, SimFlavor};
+use infera_operator::api::resolve::{self, ResolveError, Workers, resolve_workers};
+use infera_operator::api::{EngineKind, InferaDeployment, RoutingPolicy};
 use infera_proto::pd::PdProtocol;
 
 /// A worker's role (the operator's: mixed, prefill, decode).
@@ -28,8 +28,8 @@ pub struct LocalDeployment {
     pub model: String,
     /// The engine named in the manifest.
     pub engine: EngineKind,
-    /// The engine whose behaviour and connectors are used.
-    pub flavor: SimFlavor,
+    /// The engine whose behaviour and connectors are used (the one `sim` imitates).
+    pub flavor: infera_proto::worker::EngineKind,
     /// Workers, in start order (prefill before decode).
     pub roles: Vec<Role>,
     /// Connector between prefill and decode.
@@ -228,7 +228,7 @@ pub fn plan(
             name,
             model: spec.model.name.clone(),
             engine,
-            flavor: effective_engine(engine, spec.engine.sim_flavor),
+            flavor: resolve::launch(engine, spec.engine.sim_flavor).engine(),
             roles,
             protocol,
             launch,
@@ -323,7 +323,7 @@ mod tests {
         let p = plan(&m, &sim, &|_| false).unwrap();
         assert_eq!(
             (p.deployments[0].launch, p.deployments[0].flavor),
-            (Launch::Simulated, SimFlavor::Vllm)
+            (Launch::Simulated, infera_proto::worker::EngineKind::Vllm)
         );
     }
 

@@ -5,34 +5,43 @@
 use super::common::{EngineKind, Parallelism, SimFlavor};
 use super::deployment::{InferaDeploymentSpec, ServingMode};
 use super::topology::{Layout, PDTopologySpec, TransportBackend, TransportSpec};
+pub use infera_engine_prep::Launch;
 use infera_proto::pd::PdProtocol;
+use infera_proto::worker::EngineKind as Engine;
 
-/// The engine whose connectors a deployment uses (the simulator's flavour for `sim`).
-pub fn effective_engine(kind: EngineKind, sim_flavor: Option<SimFlavor>) -> SimFlavor {
+/// What a deployment's workers run: the engine its manifest names, or for `sim` the
+/// simulator imitating `simFlavor` (vLLM by default). The one place the manifest's
+/// engine names become the engine type every part shares.
+pub fn launch(kind: EngineKind, sim_flavor: Option<SimFlavor>) -> Launch {
+    let imitated = |flavor: SimFlavor| match flavor {
+        SimFlavor::Vllm => Engine::Vllm,
+        SimFlavor::Sglang => Engine::Sglang,
+        SimFlavor::Atom => Engine::Atom,
+    };
     match kind {
-        EngineKind::Vllm => SimFlavor::Vllm,
-        EngineKind::Sglang => SimFlavor::Sglang,
-        EngineKind::Atom => SimFlavor::Atom,
-        EngineKind::Sim => sim_flavor.unwrap_or_default(),
+        EngineKind::Vllm => Launch::Engine(Engine::Vllm),
+        EngineKind::Sglang => Launch::Engine(Engine::Sglang),
+        EngineKind::Atom => Launch::Engine(Engine::Atom),
+        EngineKind::Sim => Launch::Sim(imitated(sim_flavor.unwrap_or_default())),
     }
 }
 
 /// The prefill/decode protocol an engine speaks over a transport (the mapping table of
 /// PROTOCOLS.md), or why the pair cannot work.
-pub fn pd_protocol(engine: SimFlavor, transport: &TransportSpec) -> Result<PdProtocol, String> {
+pub fn pd_protocol(engine: Engine, transport: &TransportSpec) -> Result<PdProtocol, String> {
     match (engine, transport.backend) {
         (_, TransportBackend::Nixl) => Err(
             "transport nixl is not supported: the router speaks the mooncake and mori connectors only"
                 .into(),
         ),
-        (SimFlavor::Sglang, _) => Ok(PdProtocol::SglangBootstrap),
-        (SimFlavor::Vllm, TransportBackend::Mooncake) => Ok(PdProtocol::VllmMooncake),
-        (SimFlavor::Vllm, TransportBackend::Mori) if transport.read_mode => {
+        (Engine::Sglang, _) => Ok(PdProtocol::SglangBootstrap),
+        (Engine::Vllm, TransportBackend::Mooncake) => Ok(PdProtocol::VllmMooncake),
+        (Engine::Vllm, TransportBackend::Mori) if transport.read_mode => {
             Ok(PdProtocol::VllmMoriRead)
         }
-        (SimFlavor::Vllm, TransportBackend::Mori) => Ok(PdProtocol::VllmMoriWrite),
-        (SimFlavor::Atom, TransportBackend::Mooncake) => Ok(PdProtocol::AtomMooncake),
-        (SimFlavor::Atom, TransportBackend::Mori) => Err(
+        (Engine::Vllm, TransportBackend::Mori) => Ok(PdProtocol::VllmMoriWrite),
+        (Engine::Atom, TransportBackend::Mooncake) => Ok(PdProtocol::AtomMooncake),
+        (Engine::Atom, TransportBackend::Mori) => Err(
             "engine atom supports the mooncake transport only for prefill/decode; set the topology's transport.backend to mooncake"
                 .into(),
         ),
@@ -134,7 +143,7 @@ pub fn resolve_workers(
             let Some((_, topo)) = topology else {
                 return Err(ResolveError::MissingTopology(name));
             };
-            let engine = effective_engine(spec.engine.kind, spec.engine.sim_flavor);
+            let engine = launch(spec.engine.kind, spec.engine.sim_flavor).engine();
             let protocol = pd_protocol(engine, &topo.transport).map_err(|reason| {
                 ResolveError::Unsupported {
                     engine: spec.engine.kind.as_str(),

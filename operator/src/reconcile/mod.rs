@@ -1,12 +1,14 @@
-//! The controller: observe -> validate and build ([`crate::render`], pure) -> apply
-//! (server-side apply, [`apply`]) -> prune -> status ([`status`], pure; one patch, only
-//! when it changed). Watches the deployments, their owned children and the
-//! `PDTopology` objects they reference.
+//! The controllers. Deployments: observe -> validate and build ([`crate::render`],
+//! pure) -> apply (server-side apply, [`apply`]) -> prune -> status ([`status`], pure;
+//! one patch, only when it changed); they watch the deployments, their owned children
+//! and the `PDTopology` objects they reference. Topologies ([`topologies`]): each
+//! one's `usedBy` and `Valid`, following the deployments.
 
 pub mod apply;
 pub mod observe;
 pub mod pod_problems;
 pub mod status;
+pub mod topologies;
 pub mod topology_status;
 
 use crate::api::{InferaDeployment, PDTopology, ServingMode};
@@ -14,7 +16,7 @@ use crate::metrics::Metrics;
 use crate::render::names::{self, MANAGED_BY};
 use crate::render::{Kind, Observed, Platform, Rendered, render};
 use apply::{Applied, ApplyError, apply_child, prune};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Service;
@@ -22,7 +24,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use observe::model_state;
@@ -62,19 +64,54 @@ pub struct Context {
     pruned: Mutex<HashMap<String, BTreeSet<(Kind, String)>>>,
     /// Whether the LeaderWorkerSet CRD was served, and when that was checked.
     lws: Mutex<Option<(Instant, bool)>>,
-    /// Every deployment the controller sees (for topologies' `usedBy`).
-    deployments: Store<InferaDeployment>,
 }
 
-/// A failed reconcile (retried with backoff).
+/// A failed reconcile (retried with backoff), by the step that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
-    /// An API call failed.
+    /// Observing what the build depends on: `what` (the topology, the model cache, the
+    /// download Job, the etcd client certificate, the pods).
+    #[error("reading {what}: {source}")]
+    Observe {
+        /// What was being read.
+        what: &'static str,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Applying or pruning a child.
     #[error(transparent)]
     Apply(#[from] ApplyError),
-    /// Reading something failed.
-    #[error("{0}: {1}")]
-    Read(&'static str, #[source] kube::Error),
+    /// Recording a fact on an object (a finished download on the cache PVC).
+    #[error("recording {what}: {source}")]
+    Record {
+        /// What was being recorded.
+        what: &'static str,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Writing the status of `object` (InferaDeployment or PDTopology).
+    #[error("writing the {object} status: {source}")]
+    WriteStatus {
+        /// The kind.
+        object: &'static str,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl ReconcileError {
+    /// The step that failed, for logs.
+    pub fn step(&self) -> &'static str {
+        match self {
+            Self::Observe { .. } => "observe",
+            Self::Apply(_) => "apply",
+            Self::Record { .. } => "record",
+            Self::WriteStatus { .. } => "status",
+        }
+    }
 }
 
 fn count(object: &DynamicObject, field: &str) -> i32 {
@@ -99,12 +136,7 @@ fn problem_event(reason: &str, message: &str) -> Event {
 
 impl Context {
     /// A context for `client`.
-    pub fn new(
-        client: Client,
-        settings: Settings,
-        metrics: Arc<Metrics>,
-        deployments: Store<InferaDeployment>,
-    ) -> Arc<Self> {
+    pub fn new(client: Client, settings: Settings, metrics: Arc<Metrics>) -> Arc<Self> {
         let reporter = Reporter {
             controller: MANAGED_BY.into(),
             instance: Some(settings.instance.clone()),
@@ -116,7 +148,6 @@ impl Context {
             metrics,
             pruned: Mutex::new(HashMap::new()),
             lws: Mutex::new(None),
-            deployments,
         })
     }
 
@@ -161,7 +192,10 @@ async fn topology_of(
     Api::<PDTopology>::namespaced(ctx.client.clone(), namespace)
         .get_opt(name)
         .await
-        .map_err(|e| ReconcileError::Read("reading the PDTopology", e))
+        .map_err(|source| ReconcileError::Observe {
+            what: "the PDTopology",
+            source,
+        })
 }
 
 /// Applies the build; returns the applied objects, or the Degraded reason when a
@@ -286,7 +320,7 @@ fn observe_roles(rendered: &Rendered, applied: &[Applied]) -> Vec<RoleObservatio
         .collect()
 }
 
-fn now() -> Time {
+pub(crate) fn now() -> Time {
     let ts = k8s_openapi::jiff::Timestamp::now();
     Time(k8s_openapi::jiff::Timestamp::from_second(ts.as_second()).unwrap_or(ts))
 }
@@ -324,7 +358,10 @@ async fn write_status(
         &Patch::Apply(&patch),
     )
     .await
-    .map_err(|e| ReconcileError::Read("writing status", e))?;
+    .map_err(|source| ReconcileError::WriteStatus {
+        object: "InferaDeployment",
+        source,
+    })?;
     let Some(ready) = ready else {
         return Ok(reason);
     };
@@ -375,34 +412,6 @@ async fn reconcile(
     result
 }
 
-/// Writes the topology's `usedBy` and `Valid` condition when they changed.
-async fn write_topology_status(
-    ctx: &Context,
-    topology: &PDTopology,
-    namespace: &str,
-) -> Result<(), ReconcileError> {
-    let deployments = ctx.deployments.state();
-    let new =
-        topology_status::topology_status(topology, deployments.iter().map(|d| d.as_ref()), &now());
-    if topology.status.as_ref() == Some(&new) {
-        return Ok(());
-    }
-    let patch = serde_json::json!({
-        "apiVersion": "infera.amd.com/v1alpha1",
-        "kind": "PDTopology",
-        "status": new,
-    });
-    Api::<PDTopology>::namespaced(ctx.client.clone(), namespace)
-        .patch_status(
-            &topology.name_any(),
-            &PatchParams::apply(names::FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await
-        .map_err(|e| ReconcileError::Read("writing the PDTopology status", e))?;
-    Ok(())
-}
-
 async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Action, ReconcileError> {
     if idep.meta().deletion_timestamp.is_some() {
         // Owner references garbage-collect the children.
@@ -414,9 +423,6 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
     let namespace = idep.namespace().unwrap_or_default();
     let name = idep.name_any();
     let topology = topology_of(ctx, idep, &namespace).await?;
-    if let Some(t) = &topology {
-        write_topology_status(ctx, t, &namespace).await?;
-    }
     let model = model_state(&ctx.client, idep, &namespace).await?;
     let etcd_client_tls =
         observe::etcd_client_tls(&ctx.client, idep, &ctx.settings.platform).await?;
@@ -507,11 +513,11 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
 }
 
 fn error_policy(idep: Arc<InferaDeployment>, error: &ReconcileError, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(deployment = %idep.name_any(), namespace = ?idep.namespace(), "reconcile failed: {error}");
+    tracing::warn!(deployment = %idep.name_any(), namespace = ?idep.namespace(), step = error.step(), "reconcile failed: {error}");
     Action::requeue(Duration::from_secs(5))
 }
 
-fn api_for<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+pub(crate) fn api_for<K>(client: &Client, namespace: Option<&str>) -> Api<K>
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
         + Clone
@@ -541,12 +547,7 @@ pub async fn run(
     )
     .with_config(ControllerConfig::default().concurrency(settings.concurrency));
     let store = controller.store();
-    let ctx = Context::new(
-        client.clone(),
-        settings.clone(),
-        metrics.clone(),
-        store.clone(),
-    );
+    let ctx = Context::new(client.clone(), settings.clone(), metrics.clone());
     let mut controller = controller
         .owns(
             api_for::<StatefulSet>(&client, ns.as_deref()),
@@ -583,17 +584,19 @@ pub async fn run(
             "the LeaderWorkerSet CRD is not installed: multi-node workers are reported as Degraded until it is"
         );
     }
-    tracing::info!(namespace = ?ns, concurrency = settings.concurrency, "controller started");
-    controller
-        .graceful_shutdown_on(shutdown)
+    tracing::info!(namespace = ?ns, concurrency = settings.concurrency, "controllers started");
+    let shutdown = shutdown.shared();
+    let deployments = controller
+        .graceful_shutdown_on(shutdown.clone())
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             if let Err(e) = result {
                 tracing::debug!("controller: {e}");
             }
-        })
-        .await;
-    tracing::info!("controller stopped");
+        });
+    let topologies = topologies::run(client.clone(), ns.as_deref(), shutdown);
+    futures::join!(deployments, topologies);
+    tracing::info!("controllers stopped");
 }
 
 #[cfg(test)]

@@ -37,7 +37,10 @@ pub async fn etcd_client_tls(
     let secret = Api::<Secret>::namespaced(client.clone(), namespace)
         .get_opt(name)
         .await
-        .map_err(|e| ReconcileError::Read("reading the cluster etcd's client certificate", e))?;
+        .map_err(|source| ReconcileError::Observe {
+            what: "the cluster etcd's client certificate",
+            source,
+        })?;
     Ok(secret.map(|s| s.data.unwrap_or_default()))
 }
 
@@ -67,7 +70,10 @@ pub async fn model_state(
     let pvc = pvcs
         .get_opt(&claim)
         .await
-        .map_err(|e| ReconcileError::Read("reading the model cache PVC", e))?;
+        .map_err(|source| ReconcileError::Observe {
+            what: "the model cache PVC",
+            source,
+        })?;
     let recorded = pvc
         .as_ref()
         .and_then(|p| p.metadata.annotations.as_ref())
@@ -78,13 +84,19 @@ pub async fn model_state(
     let job = Api::<Job>::namespaced(client.clone(), namespace)
         .get_opt(&names::model_download(&instance))
         .await
-        .map_err(|e| ReconcileError::Read("reading the model download Job", e))?;
+        .map_err(|source| ReconcileError::Observe {
+            what: "the model download Job",
+            source,
+        })?;
     let state = job_state(job.as_ref());
     if state == ModelState::Ready && pvc.is_some() {
         let patch = serde_json::json!({"metadata": {"annotations": {DOWNLOADED_ANNOTATION: want}}});
         pvcs.patch(&claim, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .map_err(|e| ReconcileError::Read("recording the download on the cache PVC", e))?;
+            .map_err(|source| ReconcileError::Record {
+                what: "the download on the cache PVC",
+                source,
+            })?;
     }
     Ok(state)
 }
@@ -128,5 +140,8 @@ pub async fn fetch_pods(
         .list(&ListParams::default().labels(&selector))
         .await
         .map(|list| list.items)
-        .map_err(|e| ReconcileError::Read("listing the deployment's pods", e))
+        .map_err(|source| ReconcileError::Observe {
+            what: "the deployment's pods",
+            source,
+        })
 }

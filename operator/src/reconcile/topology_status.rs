@@ -1,7 +1,7 @@
 //! A `PDTopology`'s status (pure): the deployments that use it, and a `Valid` condition
 //! saying whether its transport works for each one's engine.
 
-use crate::api::resolve::{effective_engine, pd_protocol};
+use crate::api::resolve::{launch, pd_protocol};
 use crate::api::{InferaDeployment, PDTopology, PDTopologyStatus, ServingMode};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -24,7 +24,7 @@ pub fn topology_status<'a>(
     let problems: Vec<String> = users
         .iter()
         .filter_map(|d| {
-            let engine = effective_engine(d.spec.engine.kind, d.spec.engine.sim_flavor);
+            let engine = launch(d.spec.engine.kind, d.spec.engine.sim_flavor).engine();
             pd_protocol(engine, &topology.spec.transport)
                 .err()
                 .map(|reason| {

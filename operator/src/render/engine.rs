@@ -1,17 +1,17 @@
 //! The engine's command line and environment for one role (pure). Flags that make the
 //! worker routable (port, served name, parallelism, KV-cache dtype, the prefill/decode
 //! connector) are rendered here; KV events and the rest of what routing needs come from
-//! the sidecar's own engine preparation (`infera_engine_sidecar::prepare`), so flags
-//! are decided in one place. The user's `args` follow verbatim and win.
+//! the engine preparation the sidecar launches with (`infera_engine_prep::prepare`), so
+//! flags are decided in one place. The user's `args` follow verbatim and win.
 
+use crate::api::resolve::launch;
 use crate::api::{
-    EngineKind, InferaDeploymentSpec, KvCacheDtype, Parallelism, Quantization, SimFlavor,
-    TransportBackend, TransportSpec,
+    InferaDeploymentSpec, KvCacheDtype, Parallelism, Quantization, TransportBackend, TransportSpec,
 };
 use crate::render::names::Role;
-use infera_engine_sidecar::cli::EngineArg;
-use infera_engine_sidecar::prepare::{fp8_kv_cache_dtype, launcher, prepare_engine};
+use infera_engine_prep::prepare::{fp8_kv_cache_dtype, launcher, prepare_engine};
 use infera_proto::pd::PdProtocol;
+use infera_proto::worker::EngineKind;
 use serde_json::{Value, json};
 
 /// HTTP port of every engine container.
@@ -64,32 +64,17 @@ pub struct RoleInput<'a> {
     pub tokenizer_path: Option<&'a str>,
 }
 
-fn sidecar_engine(kind: EngineKind) -> EngineArg {
-    match kind {
-        EngineKind::Vllm => EngineArg::Vllm,
-        EngineKind::Sglang => EngineArg::Sglang,
-        EngineKind::Atom => EngineArg::Atom,
-        EngineKind::Sim => EngineArg::Sim,
-    }
-}
-
-fn flavor(spec: &InferaDeploymentSpec) -> SimFlavor {
-    crate::api::resolve::effective_engine(spec.engine.kind, spec.engine.sim_flavor)
-}
-
 fn push(args: &mut Vec<String>, flag: &str, value: impl Into<String>) {
     args.push(flag.to_owned());
     args.push(value.into());
 }
 
-fn kv_cache_dtype(engine: SimFlavor, dtype: KvCacheDtype) -> Option<&'static str> {
-    let sidecar = match engine {
-        SimFlavor::Vllm => EngineArg::Vllm,
-        SimFlavor::Sglang => EngineArg::Sglang,
-        SimFlavor::Atom => return None,
-    };
+fn kv_cache_dtype(engine: EngineKind, dtype: KvCacheDtype) -> Option<&'static str> {
+    if engine == EngineKind::Atom {
+        return None;
+    }
     Some(match dtype {
-        KvCacheDtype::Fp8 => fp8_kv_cache_dtype(sidecar),
+        KvCacheDtype::Fp8 => fp8_kv_cache_dtype(engine),
         KvCacheDtype::Auto => "auto",
         KvCacheDtype::Bf16 => "bfloat16",
     })
@@ -171,10 +156,10 @@ fn pd_flags(
     }
 }
 
-fn parallel_flags(args: &mut Vec<String>, engine: SimFlavor, p: &Parallelism) {
+fn parallel_flags(args: &mut Vec<String>, engine: EngineKind, p: &Parallelism) {
     let (tp, dp) = match engine {
-        SimFlavor::Sglang => ("--tp-size", "--dp-size"),
-        SimFlavor::Vllm | SimFlavor::Atom => ("--tensor-parallel-size", "--data-parallel-size"),
+        EngineKind::Sglang => ("--tp-size", "--dp-size"),
+        EngineKind::Vllm | EngineKind::Atom => ("--tensor-parallel-size", "--data-parallel-size"),
     };
     push(args, tp, p.tensor_parallel_size.to_string());
     if p.data_parallel_size > 1 {
@@ -182,14 +167,14 @@ fn parallel_flags(args: &mut Vec<String>, engine: SimFlavor, p: &Parallelism) {
     }
     if p.expert_parallel {
         args.push(match engine {
-            SimFlavor::Sglang => "--enable-ep-moe".into(),
+            EngineKind::Sglang => "--enable-ep-moe".into(),
             _ => "--enable-expert-parallel".into(),
         });
     }
     if p.nodes_per_worker > 1 {
         // LeaderWorkerSet sets LWS_LEADER_ADDRESS and LWS_WORKER_INDEX in every pod.
         match engine {
-            SimFlavor::Sglang => {
+            EngineKind::Sglang => {
                 push(args, "--nnodes", p.nodes_per_worker.to_string());
                 push(args, "--node-rank", "$(LWS_WORKER_INDEX)");
                 push(
@@ -198,7 +183,7 @@ fn parallel_flags(args: &mut Vec<String>, engine: SimFlavor, p: &Parallelism) {
                     format!("$(LWS_LEADER_ADDRESS):{DIST_INIT_PORT}"),
                 );
             }
-            SimFlavor::Vllm | SimFlavor::Atom => {
+            EngineKind::Vllm | EngineKind::Atom => {
                 push(args, "--nnodes", p.nodes_per_worker.to_string());
                 push(args, "--node-rank", "$(LWS_WORKER_INDEX)");
                 push(args, "--master-addr", "$(LWS_LEADER_ADDRESS)");
@@ -208,8 +193,8 @@ fn parallel_flags(args: &mut Vec<String>, engine: SimFlavor, p: &Parallelism) {
     }
 }
 
-fn quantization_flags(args: &mut Vec<String>, engine: SimFlavor, q: Quantization) {
-    if engine == SimFlavor::Atom {
+fn quantization_flags(args: &mut Vec<String>, engine: EngineKind, q: Quantization) {
+    if engine == EngineKind::Atom {
         return;
     }
     match q {
@@ -227,27 +212,20 @@ pub fn engine_command(
     input: &RoleInput<'_>,
     kv_events: bool,
 ) -> EngineCommand {
-    let engine = flavor(spec);
+    let runs = launch(spec.engine.kind, spec.engine.sim_flavor);
+    let engine = runs.engine();
     let mut args = Vec::new();
     let mut env = Vec::new();
     match engine {
-        SimFlavor::Sglang => push(&mut args, "--model-path", input.model_path),
-        SimFlavor::Atom => push(&mut args, "--model", input.model_path),
-        SimFlavor::Vllm => args.push(input.model_path.to_owned()),
+        EngineKind::Sglang => push(&mut args, "--model-path", input.model_path),
+        EngineKind::Atom => push(&mut args, "--model", input.model_path),
+        EngineKind::Vllm => args.push(input.model_path.to_owned()),
     }
     push(&mut args, "--served-model-name", spec.model.name.as_str());
     push(&mut args, "--host", "0.0.0.0");
     push(&mut args, "--port", ENGINE_PORT.to_string());
-    if spec.engine.kind == EngineKind::Sim {
-        push(
-            &mut args,
-            "--engine",
-            match engine {
-                SimFlavor::Vllm => "vllm",
-                SimFlavor::Sglang => "sglang",
-                SimFlavor::Atom => "atom",
-            },
-        );
+    if runs.is_sim() {
+        push(&mut args, "--engine", engine.as_str());
         if let Some(tokenizer) = input.tokenizer_path {
             push(&mut args, "--tokenizer", tokenizer);
         }
@@ -264,7 +242,7 @@ pub fn engine_command(
     args.extend(input.role_args.iter().cloned());
     let user_env: Vec<&str> = spec.engine.env.iter().map(|e| e.name.as_str()).collect();
     let prepared = prepare_engine(
-        sidecar_engine(spec.engine.kind),
+        runs,
         &args,
         SIM_PROGRAM,
         kv_events.then_some(KV_EVENTS_PORT),
@@ -282,7 +260,7 @@ pub fn engine_command(
         }
     }
     // The sidecar reads its facts from the arguments after the launcher's own words.
-    let (_, words) = launcher(sidecar_engine(spec.engine.kind), SIM_PROGRAM);
+    let (_, words) = launcher(runs, SIM_PROGRAM);
     let engine_args = prepared
         .args
         .get(words.len()..)

@@ -7,7 +7,7 @@ use super::engine::{ENGINE_PORT, EngineCommand, KV_EVENTS_PORT, MODEL_MOUNT};
 use super::names::{self, Role};
 use super::{Images, ModelVolume};
 use crate::api::{DiscoveryBackend, EngineKind, InferaDeploymentSpec};
-use infera_engine_sidecar::status::{DRAIN_TOKEN_ENV, DRAIN_TOKEN_HEADER};
+use infera_proto::sidecar::{DRAIN_TOKEN_ENV, DRAIN_TOKEN_HEADER};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
     HTTPGetAction, HTTPHeader, HostPathVolumeSource, Lifecycle, LifecycleHandler,

@@ -42,8 +42,8 @@ fn a_minimal_manifest_gets_the_documented_defaults() {
     assert_eq!(d.discovery.backend, DiscoveryBackend::Kubernetes);
     assert!(!d.kv_cache.enabled);
     assert_eq!(
-        effective_engine(d.engine.kind, d.engine.sim_flavor),
-        SimFlavor::Vllm
+        launch(d.engine.kind, d.engine.sim_flavor),
+        Launch::Sim(Engine::Vllm)
     );
     assert_eq!(resolve_workers(&d, None), Ok(Workers::Mixed(1)));
 }
@@ -77,28 +77,24 @@ fn every_engine_transport_pair_maps_to_its_protocol_or_a_reason() {
     use TransportBackend::*;
     let cases = [
         (
-            SimFlavor::Sglang,
+            Engine::Sglang,
             t(Mooncake, false),
             Ok(PdProtocol::SglangBootstrap),
         ),
         (
-            SimFlavor::Sglang,
+            Engine::Sglang,
             t(Mori, false),
             Ok(PdProtocol::SglangBootstrap),
         ),
         (
-            SimFlavor::Vllm,
+            Engine::Vllm,
             t(Mooncake, false),
             Ok(PdProtocol::VllmMooncake),
         ),
+        (Engine::Vllm, t(Mori, false), Ok(PdProtocol::VllmMoriWrite)),
+        (Engine::Vllm, t(Mori, true), Ok(PdProtocol::VllmMoriRead)),
         (
-            SimFlavor::Vllm,
-            t(Mori, false),
-            Ok(PdProtocol::VllmMoriWrite),
-        ),
-        (SimFlavor::Vllm, t(Mori, true), Ok(PdProtocol::VllmMoriRead)),
-        (
-            SimFlavor::Atom,
+            Engine::Atom,
             t(Mooncake, false),
             Ok(PdProtocol::AtomMooncake),
         ),
@@ -111,12 +107,12 @@ fn every_engine_transport_pair_maps_to_its_protocol_or_a_reason() {
         );
     }
     assert!(
-        pd_protocol(SimFlavor::Atom, &t(Mori, false))
+        pd_protocol(Engine::Atom, &t(Mori, false))
             .unwrap_err()
             .contains("mooncake transport only")
     );
     assert!(
-        pd_protocol(SimFlavor::Vllm, &t(Nixl, false))
+        pd_protocol(Engine::Vllm, &t(Nixl, false))
             .unwrap_err()
             .contains("nixl is not supported")
     );

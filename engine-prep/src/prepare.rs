@@ -2,8 +2,9 @@
 //! the user's flags before launching, each addition logged. Set-if-unset throughout: a
 //! flag or variable the user gave always wins.
 
-use crate::cli::EngineArg;
-use crate::engine_args::flag_value;
+use crate::Launch;
+use crate::flags::has_flag;
+use infera_proto::worker::EngineKind;
 
 /// A prepared launch.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,47 +19,47 @@ pub struct PreparedEngine {
     pub notes: Vec<String>,
 }
 
-/// The program that runs `engine` and the words before its flags (`vllm serve`,
+/// The program that runs `launch` and the words before its flags (`vllm serve`,
 /// `python3 -m sglang.launch_server`, ...).
-pub fn launcher(engine: EngineArg, sim_binary: &str) -> (String, Vec<String>) {
-    match engine {
-        EngineArg::Vllm => ("vllm".into(), vec!["serve".into()]),
-        EngineArg::Sglang => (
+pub fn launcher(launch: Launch, sim_binary: &str) -> (String, Vec<String>) {
+    match launch {
+        Launch::Engine(EngineKind::Vllm) => ("vllm".into(), vec!["serve".into()]),
+        Launch::Engine(EngineKind::Sglang) => (
             "python3".into(),
             vec!["-m".into(), "sglang.launch_server".into()],
         ),
-        EngineArg::Atom => (
+        Launch::Engine(EngineKind::Atom) => (
             "python3".into(),
             vec!["-m".into(), "atom.entrypoints.openai_server".into()],
         ),
-        EngineArg::Sim => (sim_binary.to_owned(), Vec::new()),
+        Launch::Sim(_) => (sim_binary.to_owned(), Vec::new()),
     }
 }
 
 /// The engine's `--kv-cache-dtype` value for an FP8 KV cache (SGLang names the format).
-pub fn fp8_kv_cache_dtype(engine: EngineArg) -> &'static str {
+pub fn fp8_kv_cache_dtype(engine: EngineKind) -> &'static str {
     match engine {
-        EngineArg::Sglang => "fp8_e4m3",
-        EngineArg::Vllm | EngineArg::Atom | EngineArg::Sim => "fp8",
+        EngineKind::Sglang => "fp8_e4m3",
+        EngineKind::Vllm | EngineKind::Atom => "fp8",
     }
 }
 
-/// Builds the launch for `engine` with the user's `args`; `kv_events_port` is the free
+/// Builds the launch for `launch` with the user's `args`; `kv_events_port` is the free
 /// port chosen for KV events when they are on and the user gave no config;
 /// `env_is_set` says which variables the user already set (they are left alone).
 pub fn prepare_engine(
-    engine: EngineArg,
+    launch: Launch,
     args: &[String],
     sim_binary: &str,
     kv_events_port: Option<u16>,
     gid_index: Option<u32>,
     env_is_set: &dyn Fn(&str) -> bool,
 ) -> PreparedEngine {
-    let (program, mut full) = launcher(engine, sim_binary);
+    let (program, mut full) = launcher(launch, sim_binary);
     full.extend(args.iter().cloned());
     let mut notes = Vec::new();
     let mut add = |full: &mut Vec<String>, flag: &str, value: Option<String>, why: &str| {
-        if flag_value(full, &[flag]).is_none() && !full.iter().any(|a| a == flag) {
+        if !has_flag(full, flag) {
             full.push(flag.to_owned());
             if let Some(v) = value {
                 full.push(v);
@@ -76,7 +77,7 @@ pub fn prepare_engine(
             "KV events for kv-aware routing",
         );
     }
-    if matches!(engine, EngineArg::Vllm | EngineArg::Sglang) {
+    if let Launch::Engine(engine @ (EngineKind::Vllm | EngineKind::Sglang)) = launch {
         add(
             &mut full,
             "--kv-cache-dtype",
@@ -84,7 +85,7 @@ pub fn prepare_engine(
             "fp8 KV cache, as the earlier launchers chose",
         );
     }
-    if engine == EngineArg::Sglang {
+    if launch == Launch::Engine(EngineKind::Sglang) {
         add(
             &mut full,
             "--enable-metrics",
@@ -120,7 +121,7 @@ mod tests {
     #[test]
     fn vllm_gets_kv_events_and_fp8_unless_given() {
         let p = prepare_engine(
-            EngineArg::Vllm,
+            Launch::Engine(EngineKind::Vllm),
             &args("/m --port 8000"),
             "infera-sim",
             Some(5557),
@@ -146,7 +147,7 @@ mod tests {
                 .contains(&("NCCL_IB_GID_INDEX".to_owned(), "3".to_owned()))
         );
         let user = prepare_engine(
-            EngineArg::Vllm,
+            Launch::Engine(EngineKind::Vllm),
             &args("/m --kv-cache-dtype auto"),
             "x",
             None,
@@ -163,7 +164,7 @@ mod tests {
     #[test]
     fn sglang_and_sim() {
         let p = prepare_engine(
-            EngineArg::Sglang,
+            Launch::Engine(EngineKind::Sglang),
             &args("--model-path /m"),
             "x",
             None,
@@ -177,7 +178,7 @@ mod tests {
             )
         );
         let s = prepare_engine(
-            EngineArg::Sim,
+            Launch::Sim(EngineKind::Vllm),
             &args("--port 9"),
             "/bin/infera-sim",
             Some(7000),
