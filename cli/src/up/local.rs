@@ -10,6 +10,7 @@ use infera_gateway::gateway::Gateway;
 use infera_gateway::registry::Registry;
 use infera_gateway::server::{RunningGateway, start_embedded, start_gateway};
 use infera_operator::api::RoutingPolicy;
+use infera_operator::render::gateway_flags::{GatewaySite, build_gateway_args};
 use infera_prompt::PromptCodec;
 use infera_proto::discovery::{LEASE_TTL, build_worker_key};
 use infera_proto::pd::PdProtocol;
@@ -252,39 +253,37 @@ fn launch_engine(d: &LocalDeployment, etcd: &str, port: u16) -> Result<tokio::pr
     })
 }
 
+/// The tokenizer the gateway and the simulated workers share: the plan's, when its folder
+/// is on this machine (a manifest written for a cluster may name a node's path).
+fn local_tokenizer(plan: &LocalPlan) -> Option<&str> {
+    plan.gateway
+        .routing
+        .tokenizer
+        .as_deref()
+        .filter(|t| std::path::Path::new(t).exists())
+}
+
 fn gateway_config(plan: &LocalPlan, host: &str, discovery: &Discovery) -> Result<GatewayConfig> {
     use clap::Parser;
-    let g = &plan.gateway;
-    let policy = match g.policy {
-        RoutingPolicy::KvAware => "kv-aware",
-        RoutingPolicy::RoundRobin => "round-robin",
-        RoutingPolicy::Random => "random",
+    let mut routing = plan.gateway.routing.clone();
+    routing.tokenizer = local_tokenizer(plan).map(str::to_owned);
+    let site = GatewaySite {
+        host: host.into(),
+        port: plan.gateway.port,
+        lifecycle: vec!["--shutdown-grace-s".into(), "2".into()],
+        discovery: match discovery {
+            Discovery::Etcd(url) => vec![
+                "--etcd-endpoint".into(),
+                url.clone(),
+                "--etcd-prefix".into(),
+                run_prefix(),
+            ],
+            Discovery::InProcess => Vec::new(),
+        },
+        access: Vec::new(),
     };
-    let mut args = vec![
-        "infera-gateway".to_owned(),
-        "--host".into(),
-        host.into(),
-        "--port".into(),
-        g.port.to_string(),
-        "--router-policy".into(),
-        policy.into(),
-        "--kv-overlap-weight".into(),
-        g.weights.0.to_string(),
-        "--kv-prefill-overlap-weight".into(),
-        g.weights.1.to_string(),
-        "--kv-decode-overlap-weight".into(),
-        g.weights.2.to_string(),
-        "--shutdown-grace-s".into(),
-        "2".into(),
-    ];
-    if let Discovery::Etcd(url) = discovery {
-        args.extend([
-            "--etcd-endpoint".into(),
-            url.clone(),
-            "--etcd-prefix".into(),
-            run_prefix(),
-        ]);
-    }
+    let mut args = vec!["infera-gateway".to_owned()];
+    args.extend(build_gateway_args(&routing, &site));
     GatewayConfig::try_parse_from(args).map_err(|e| anyhow!("gateway settings: {e}"))
 }
 
@@ -292,8 +291,14 @@ fn gateway_config(plan: &LocalPlan, host: &str, discovery: &Discovery) -> Result
 pub async fn start(plan: &LocalPlan, host: &str, discovery: Discovery) -> Result<LocalCluster> {
     let started = Instant::now();
     let registry = Registry::new();
-    let kv_events = plan.gateway.policy == RoutingPolicy::KvAware;
-    let codec = Arc::new(PromptCodec::bytes());
+    let kv_events = plan.gateway.routing.policy == RoutingPolicy::KvAware;
+    // The simulated workers tokenize as the gateway does, so their KV events hash the
+    // blocks the router looks up.
+    let codec = Arc::new(match local_tokenizer(plan) {
+        Some(path) => PromptCodec::load(std::path::Path::new(path))
+            .with_context(|| format!("loading the tokenizer {path}"))?,
+        None => PromptCodec::bytes(),
+    });
     let (stop_registrations, stop_rx) = watch::channel(false);
     let mut registrations = tokio::task::JoinSet::new();
     let mut workers = Vec::new();
@@ -473,6 +478,45 @@ impl LocalCluster {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `infera up`'s gateway routes as the operator's gateway of that manifest would:
+    /// the tokenizer, the default retention and NATS were lost before the flags were
+    /// built by one function.
+    #[test]
+    fn the_gateway_gets_the_flags_the_operator_renders() {
+        use crate::up::manifest::parse_manifests;
+        use crate::up::plan::{PlanOptions, plan};
+        let dir = tempfile::tempdir().unwrap();
+        let manifest = format!(
+            "apiVersion: infera.amd.com/v1alpha1
+kind: InferaDeployment
+metadata: {{name: t}}
+spec:
+  model: {{name: m, tokenizer: tok, source: {{hostPath: {{path: {}}}}}}}
+  engine: {{kind: sim}}
+  kvCache: {{enabled: true, defaultRetention: short}}
+  messaging: {{backend: nats, natsUrl: 'nats://127.0.0.1:4222'}}
+",
+            dir.path().display()
+        );
+        let local = plan(
+            &parse_manifests(&manifest, "t.yaml").unwrap(),
+            &PlanOptions::default(),
+            &|_| false,
+        )
+        .unwrap();
+        // The tokenizer folder is not there: counted in bytes by the gateway and workers.
+        let cfg = gateway_config(&local, "127.0.0.1", &Discovery::InProcess).unwrap();
+        assert_eq!(cfg.router_tokenizer_path, None);
+        assert_eq!(
+            cfg.default_retention,
+            infera_gateway::config::RetentionArg::Short
+        );
+        assert_eq!(cfg.nats_server.as_deref(), Some("nats://127.0.0.1:4222"));
+        std::fs::create_dir(dir.path().join("tok")).unwrap();
+        let cfg = gateway_config(&local, "127.0.0.1", &Discovery::InProcess).unwrap();
+        assert_eq!(cfg.router_tokenizer_path, Some(dir.path().join("tok")));
+    }
 
     /// The records `infera up` registers (in-process or in etcd) are read back, by the
     /// gateway's parse, as what they were built to mean.

@@ -114,7 +114,7 @@ pub async fn run(args: UpArgs) -> Result<i32> {
         let ok = check::run_check(
             &cluster,
             &first.model,
-            plan.gateway.policy,
+            plan.gateway.routing.policy,
             completions_only,
         )
         .await?;

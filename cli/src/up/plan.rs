@@ -4,7 +4,8 @@
 
 use super::manifest::Manifests;
 use infera_operator::api::resolve::{self, ResolveError, Workers, resolve_workers};
-use infera_operator::api::{EngineKind, InferaDeployment, RoutingPolicy};
+use infera_operator::api::{EngineKind, InferaDeployment};
+use infera_operator::render::gateway_flags::GatewayRouting;
 use infera_proto::pd::PdProtocol;
 
 /// A worker's role (the operator's: mixed, prefill, decode).
@@ -44,13 +45,12 @@ pub struct LocalDeployment {
     pub tensor_parallel_size: u32,
 }
 
-/// The gateway.
+/// The gateway: routed as the operator's gateway of the first deployment would be (the
+/// same flags builder), on `port`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GatewayPlan {
-    /// Policy.
-    pub policy: RoutingPolicy,
-    /// kv-aware weights: mixed, prefill, decode.
-    pub weights: (f64, f64, f64),
+    /// Policy, weights, tokenizer, default retention, NATS.
+    pub routing: GatewayRouting,
     /// Port.
     pub port: u16,
 }
@@ -237,21 +237,20 @@ pub fn plan(
             tensor_parallel_size: spec.engine.parallelism.tensor_parallel_size,
         });
     }
-    let first = &manifests.deployments[0].spec.gateway;
+    let first = &manifests.deployments[0].spec;
     let port = opts
         .port
-        .unwrap_or_else(|| u16::try_from(first.service.port).unwrap_or(8000));
+        .unwrap_or_else(|| u16::try_from(first.gateway.service.port).unwrap_or(8000));
+    let model_path = deployments
+        .first()
+        .map(|d| d.model_path.as_str())
+        .unwrap_or_default();
     Ok(LocalPlan {
-        deployments,
         gateway: GatewayPlan {
-            policy: first.policy,
-            weights: (
-                first.kv_overlap_weight,
-                first.kv_prefill_overlap_weight,
-                first.kv_decode_overlap_weight,
-            ),
+            routing: GatewayRouting::from_spec(first, model_path),
             port,
         },
+        deployments,
     })
 }
 
@@ -259,6 +258,7 @@ pub fn plan(
 mod tests {
     use super::*;
     use crate::up::manifest::parse_manifests;
+    use infera_operator::api::RoutingPolicy;
 
     fn manifests(text: &str) -> Manifests {
         parse_manifests(text, "test.yaml").unwrap()
@@ -279,8 +279,8 @@ mod tests {
             (d.roles.clone(), d.launch),
             (vec![Role::Mixed; 2], Launch::Simulated)
         );
-        assert_eq!(p.gateway.policy, RoutingPolicy::KvAware);
-        assert_eq!(p.gateway.weights.0, 4.0);
+        assert_eq!(p.gateway.routing.policy, RoutingPolicy::KvAware);
+        assert_eq!(p.gateway.routing.weights[0], 4.0);
         assert_eq!(p.gateway.port, 8000);
         let p = plan(
             &manifests(include_str!("../../../examples/local-1p1d/deployment.yaml")),

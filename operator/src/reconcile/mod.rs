@@ -95,7 +95,7 @@ pub enum ReconcileError {
     #[error("writing the {object} status: {source}")]
     WriteStatus {
         /// The kind.
-        object: &'static str,
+        object: String,
         /// The API error.
         #[source]
         source: kube::Error,
@@ -325,6 +325,34 @@ pub(crate) fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::from_second(ts.as_second()).unwrap_or(ts))
 }
 
+/// Writes `status` on object `name` of `api`'s kind (server-side apply, this
+/// operator's field manager).
+pub(crate) async fn apply_status<K>(
+    api: &Api<K>,
+    name: &str,
+    status: &impl serde::Serialize,
+) -> Result<(), ReconcileError>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let patch = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        name,
+        &PatchParams::apply(names::FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|source| ReconcileError::WriteStatus {
+        object: K::kind(&()).into_owned(),
+        source,
+    })
+}
+
 /// Writes the status when it changed; returns the `Ready` condition's reason (`AllReady`
 /// when ready). Ready turning true is a Normal Event; a pod problem becoming the reason
 /// it is not, a Warning with that reason.
@@ -346,22 +374,12 @@ async fn write_status(
         .as_ref()
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
         .map(|c| (c.status.clone(), c.reason.clone()));
-    let api = Api::<InferaDeployment>::namespaced(ctx.client.clone(), namespace);
-    let patch = serde_json::json!({
-        "apiVersion": "infera.amd.com/v1alpha1",
-        "kind": "InferaDeployment",
-        "status": new,
-    });
-    api.patch_status(
+    apply_status(
+        &Api::<InferaDeployment>::namespaced(ctx.client.clone(), namespace),
         &idep.name_any(),
-        &PatchParams::apply(names::FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
+        &new,
     )
-    .await
-    .map_err(|source| ReconcileError::WriteStatus {
-        object: "InferaDeployment",
-        source,
-    })?;
+    .await?;
     let Some(ready) = ready else {
         return Ok(reason);
     };

@@ -8,9 +8,7 @@
 use super::ReconcileError;
 use super::topology_status::topology_status;
 use crate::api::{InferaDeployment, PDTopology};
-use crate::render::names;
 use futures::StreamExt;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -36,22 +34,8 @@ async fn reconcile(topology: Arc<PDTopology>, ctx: Arc<Context>) -> Result<Actio
         &super::now(),
     );
     if topology.status.as_ref() != Some(&new) {
-        let patch = serde_json::json!({
-            "apiVersion": "infera.amd.com/v1alpha1",
-            "kind": "PDTopology",
-            "status": new,
-        });
-        Api::<PDTopology>::namespaced(ctx.client.clone(), &namespace)
-            .patch_status(
-                &topology.name_any(),
-                &PatchParams::apply(names::FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await
-            .map_err(|source| ReconcileError::WriteStatus {
-                object: "PDTopology",
-                source,
-            })?;
+        let api = Api::<PDTopology>::namespaced(ctx.client.clone(), &namespace);
+        super::apply_status(&api, &topology.name_any(), &new).await?;
     }
     Ok(Action::requeue(RECHECK))
 }

@@ -3,12 +3,13 @@
 //! gateway and the engine sidecars need for Kubernetes discovery (the gateway reads Pods;
 //! sidecars patch their own Pod's annotation).
 
-use super::engine::{ENGINE_PORT, MODEL_MOUNT};
+use super::engine::ENGINE_PORT;
+use super::gateway_flags::{GatewayRouting, GatewaySite, build_gateway_args};
 use super::names;
 use super::pod::{model_mount, model_volume, restricted_security};
 use super::secrets::{etcd_client_args, etcd_secrets, one_key, secret_volume};
 use super::{Child, Ctx, Kind, ModelVolume, child};
-use crate::api::{DiscoveryBackend, EngineKind, InferaDeploymentSpec, RoutingPolicy, ServiceType};
+use crate::api::{DiscoveryBackend, InferaDeploymentSpec, ServiceType};
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
@@ -89,33 +90,6 @@ fn pod_role(
     ]
 }
 
-fn policy(p: RoutingPolicy) -> &'static str {
-    match p {
-        RoutingPolicy::KvAware => "kv-aware",
-        RoutingPolicy::RoundRobin => "round-robin",
-        RoutingPolicy::Random => "random",
-    }
-}
-
-/// Tokenizer folder the gateway reads, if any: `spec.gateway.tokenizer` (relative to the
-/// model folder unless absolute), else the model's tokenizer, else (real engines) the
-/// model folder itself.
-pub fn gateway_tokenizer(spec: &InferaDeploymentSpec, model_path: &str) -> Option<String> {
-    let relative = |t: &str| {
-        if t.starts_with('/') {
-            t.to_owned()
-        } else {
-            format!("{model_path}/{}", t.trim_matches('/'))
-        }
-    };
-    spec.gateway
-        .tokenizer
-        .as_deref()
-        .or(spec.model.tokenizer.as_deref())
-        .map(relative)
-        .or_else(|| (spec.engine.kind != EngineKind::Sim).then(|| model_path.to_owned()))
-}
-
 /// Seconds a stopping gateway keeps serving (`--shutdown-delay-s`): kube-proxy drops a
 /// terminating pod from its Service within about a second on an idle node, longer on a
 /// loaded one.
@@ -125,65 +99,51 @@ const GATEWAY_SHUTDOWN_DELAY_S: u32 = 10;
 /// streams (`--shutdown-grace-s`), and slack.
 const GATEWAY_GRACE_S: i64 = GATEWAY_SHUTDOWN_DELAY_S as i64 + 30 + 5;
 
-/// The gateway's command-line flags.
+/// The gateway's command-line flags in its pod.
 pub fn gateway_args(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec, model_path: &str) -> Vec<String> {
     let g = &spec.gateway;
-    let mut args: Vec<String> = vec![
-        "--host".into(),
-        "0.0.0.0".into(),
-        "--port".into(),
-        ENGINE_PORT.to_string(),
-        "--router-policy".into(),
-        policy(g.policy).into(),
-        "--kv-overlap-weight".into(),
-        g.kv_overlap_weight.to_string(),
-        "--kv-prefill-overlap-weight".into(),
-        g.kv_prefill_overlap_weight.to_string(),
-        "--kv-decode-overlap-weight".into(),
-        g.kv_decode_overlap_weight.to_string(),
-        // On SIGTERM, stay up (not ready, closing connections) until the Service has
-        // dropped the pod, so a rolling update or a deleted pod refuses no client.
-        "--shutdown-delay-s".into(),
-        GATEWAY_SHUTDOWN_DELAY_S.to_string(),
-    ];
-    match (&spec.discovery.backend, &spec.discovery.etcd) {
+    let discovery = match (&spec.discovery.backend, &spec.discovery.etcd) {
         (DiscoveryBackend::Etcd, Some(etcd)) => {
-            args.extend(["--discovery-backend".into(), "etcd".into()]);
+            let mut args = vec!["--discovery-backend".into(), "etcd".into()];
             args.extend(etcd_client_args(etcd));
+            args
         }
-        _ => {
-            args.extend(["--discovery-backend".into(), "kubernetes".into()]);
-            args.extend([
-                "--k8s-label-selector".into(),
-                names::engine_selector_string(ctx.name),
-            ]);
-            args.extend(["--k8s-namespace".into(), ctx.namespace.into()]);
-        }
-    }
-    args.extend(super::nats_args(spec));
-    if let Some(tokenizer) = gateway_tokenizer(spec, model_path) {
-        args.extend(["--router-tokenizer-path".into(), tokenizer]);
-    }
-    let retention = serde_json::to_value(spec.kv_cache.default_retention)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned));
-    if let Some(r) = retention.filter(|_| spec.kv_cache.enabled) {
-        args.extend(["--default-retention".into(), r]);
-    }
+        _ => vec![
+            "--discovery-backend".into(),
+            "kubernetes".into(),
+            "--k8s-label-selector".into(),
+            names::engine_selector_string(ctx.name),
+            "--k8s-namespace".into(),
+            ctx.namespace.into(),
+        ],
+    };
+    let mut access = Vec::new();
     if g.api_keys_secret_ref.is_some() {
-        args.extend([
+        access.extend([
             "--api-keys-file".into(),
             format!("{API_KEYS_DIR}/{API_KEYS_FILE}"),
         ]);
         if g.metrics_require_auth {
-            args.push("--metrics-require-auth".into());
+            access.push("--metrics-require-auth".into());
         }
     }
     if g.tls.is_some() {
-        args.extend(["--tls-cert-file".into(), format!("{TLS_DIR}/tls.crt")]);
-        args.extend(["--tls-key-file".into(), format!("{TLS_DIR}/tls.key")]);
+        access.extend(["--tls-cert-file".into(), format!("{TLS_DIR}/tls.crt")]);
+        access.extend(["--tls-key-file".into(), format!("{TLS_DIR}/tls.key")]);
     }
-    args
+    let site = GatewaySite {
+        host: "0.0.0.0".into(),
+        port: ENGINE_PORT,
+        // On SIGTERM, stay up (not ready, closing connections) until the Service has
+        // dropped the pod, so a rolling update or a deleted pod refuses no client.
+        lifecycle: vec![
+            "--shutdown-delay-s".into(),
+            GATEWAY_SHUTDOWN_DELAY_S.to_string(),
+        ],
+        discovery,
+        access,
+    };
+    build_gateway_args(&GatewayRouting::from_spec(spec, model_path), &site)
 }
 
 /// Where the API keys Secret is mounted, and the one file of it the gateway reads.
@@ -243,8 +203,7 @@ pub fn gateway(
     let name = names::gateway(ctx.name);
     let labels = names::instance_labels(ctx.name, "gateway");
     let selector = names::gateway_selector(ctx.name);
-    let uses_model =
-        gateway_tokenizer(spec, model_path).is_some_and(|t| t.starts_with(MODEL_MOUNT));
+    let uses_model = GatewayRouting::from_spec(spec, model_path).reads_model_volume();
     let tls = spec.gateway.tls.is_some();
     let (mut volumes, mut mounts): (Vec<Volume>, Vec<VolumeMount>) =
         secret_volumes(spec).into_iter().unzip();

@@ -8,6 +8,7 @@
 
 pub mod engine;
 pub mod gateway;
+pub mod gateway_flags;
 pub mod model;
 pub mod names;
 pub mod network_policy;
@@ -183,16 +184,10 @@ fn check_kv_cache_sizes(spec: &InferaDeploymentSpec) -> Result<(), RenderError> 
     Ok(())
 }
 
-/// `--kv-event-transport nats --nats-server URL` when KV events go over NATS (the
-/// gateway and the sidecar take the same flags).
+/// The sidecar's NATS flags when KV events go over NATS.
 pub fn nats_args(spec: &InferaDeploymentSpec) -> Vec<String> {
     match (spec.messaging.backend, &spec.messaging.nats_url) {
-        (MessagingBackend::Nats, Some(url)) => vec![
-            "--kv-event-transport".into(),
-            "nats".into(),
-            "--nats-server".into(),
-            url.clone(),
-        ],
+        (MessagingBackend::Nats, Some(url)) => gateway_flags::nats_flags(url).to_vec(),
         _ => Vec::new(),
     }
 }
