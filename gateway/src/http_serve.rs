@@ -171,9 +171,13 @@ async fn serve_connection<IO>(
         _ = idle_for(&mut watched, header_read_timeout) => {
             tracing::debug!("no request for the header deadline; closing");
             // h2 says GOAWAY and waits for its PING's acknowledgement, which a hostile
-            // client never sends: a further deadline, then the connection is dropped.
+            // client never sends; streams opened meanwhile are still served. So the
+            // connection is dropped only once it is idle for a further deadline.
             conn.as_mut().graceful_shutdown();
-            let _ = tokio::time::timeout(header_read_timeout, conn).await;
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = idle_for(&mut watched, header_read_timeout) => {}
+            }
         }
         _ = stopped(stop) => {
             conn.as_mut().graceful_shutdown();

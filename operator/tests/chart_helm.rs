@@ -372,6 +372,26 @@ async fn helm_install_is_accepted_by_the_api_server() {
         certificate, issued,
         "the generated etcd certificates survive an upgrade"
     );
+    // A plain etcd's members keep http:// peer URLs: turning TLS on in place is refused
+    // with the way out, instead of members that never rejoin.
+    for (tls, refused) in [("false", false), ("true", true)] {
+        let (ok, out, err) = helm(&[
+            "upgrade",
+            &release,
+            &chart,
+            "--kubeconfig",
+            &kc,
+            "-n",
+            &ns,
+            "--reuse-values",
+            "--set",
+            &format!("etcd.tls.enabled={tls}"),
+        ]);
+        assert_eq!(ok, !refused, "etcd.tls.enabled={tls}: {out}{err}");
+        if refused {
+            assert!(err.contains("keep their http:// peer URLs"), "{err}");
+        }
+    }
     let (ok, out, err) = helm(&["uninstall", &release, "--kubeconfig", &kc, "-n", &ns]);
     assert!(ok, "helm uninstall: {out}{err}");
     assert!(

@@ -26,6 +26,11 @@ struct Context {
 }
 
 async fn reconcile(topology: Arc<PDTopology>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+    // Not before the first list of deployments is complete (the store swaps it in at
+    // its end): an early look would write usedBy [] and flip Valid.
+    if ctx.deployments.wait_until_ready().await.is_err() {
+        return Ok(Action::await_change());
+    }
     let namespace = topology.namespace().unwrap_or_default();
     let deployments = ctx.deployments.state();
     let new = topology_status(
@@ -53,11 +58,14 @@ pub async fn run(
 ) {
     let deployments_api = super::api_for::<InferaDeployment>(&client, namespace);
     let (deployments, writer) = reflector::store();
-    // The reflector updates the store before it passes the event on as a trigger, so a
-    // topology is reconciled with the deployment that woke it already counted (or gone).
-    let changes =
-        reflector::reflector(writer, watcher(deployments_api, watcher::Config::default()))
-            .touched_objects();
+    // The reflector updates the store before it passes a change on as a trigger, so a
+    // topology is reconciled with the deployment that woke it already counted (or gone);
+    // a (re)list is swapped in whole at its end, and reconciles wait for the first.
+    let changes = reflector::reflector(
+        writer,
+        watcher(deployments_api, watcher::Config::default()).default_backoff(),
+    )
+    .touched_objects();
     let ctx = Arc::new(Context {
         client: client.clone(),
         deployments,
