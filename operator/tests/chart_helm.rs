@@ -356,16 +356,21 @@ async fn helm_install_is_accepted_by_the_api_server() {
     let said = String::from_utf8_lossy(&upgrade.stderr);
     assert!(upgrade.status.success(), "scripts/upgrade-crds: {said}");
     assert!(said.contains("CRDs are current"), "{said}");
-    let (ok, out, err) = helm(&[
-        "upgrade",
-        &release,
-        &chart,
-        "--kubeconfig",
-        &kc,
-        "-n",
-        &ns,
-        "--reuse-values",
-    ]);
+    let upgrade = |extra: &[&str]| {
+        let mut args = vec![
+            "upgrade",
+            &release,
+            &chart,
+            "--kubeconfig",
+            &kc,
+            "-n",
+            &ns,
+            "--reuse-values",
+        ];
+        args.extend_from_slice(extra);
+        helm(&args)
+    };
+    let (ok, out, err) = upgrade(&[]);
     assert!(ok, "helm upgrade: {out}{err}");
     let certificate = secrets.get(&client_tls).await.unwrap().data.unwrap();
     assert_eq!(
@@ -375,18 +380,7 @@ async fn helm_install_is_accepted_by_the_api_server() {
     // A plain etcd's members keep http:// peer URLs: turning TLS on in place is refused
     // with the way out, instead of members that never rejoin.
     for (tls, refused) in [("false", false), ("true", true)] {
-        let (ok, out, err) = helm(&[
-            "upgrade",
-            &release,
-            &chart,
-            "--kubeconfig",
-            &kc,
-            "-n",
-            &ns,
-            "--reuse-values",
-            "--set",
-            &format!("etcd.tls.enabled={tls}"),
-        ]);
+        let (ok, out, err) = upgrade(&["--set", &format!("etcd.tls.enabled={tls}")]);
         assert_eq!(ok, !refused, "etcd.tls.enabled={tls}: {out}{err}");
         if refused {
             assert!(err.contains("keep their http:// peer URLs"), "{err}");
