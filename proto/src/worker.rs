@@ -817,6 +817,25 @@ mod tests {
         assert_eq!(via_serde, record, "Deserialize is the same parse");
     }
 
+    /// A number a record passes through is read back as written (found by the fuzz
+    /// target: without correctly rounded parsing, 1.4573333333333333e62 was read one
+    /// unit in the last place off, so a record did not read back as itself).
+    #[test]
+    fn numbers_round_trip_exactly() {
+        let text = LAUNCHER_RECORD.replacen(
+            r#""launcher_version":"0.1.7""#,
+            r#""launcher_version":"0.1.7","kv_port":1.4573333333333333e62,"tiny":5e-324"#,
+            1,
+        );
+        let record = WorkerRecord::from_json(text.as_bytes()).unwrap();
+        assert_eq!(
+            record.extra["kv_port"].as_f64(),
+            Some(1.4573333333333333e62)
+        );
+        let again = WorkerRecord::from_json(record.to_json().as_bytes()).unwrap();
+        assert_eq!(again, record);
+    }
+
     #[test]
     fn minimal_record_gets_defaults() {
         let r = WorkerRecord::from_json(
