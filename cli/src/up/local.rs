@@ -253,20 +253,23 @@ fn launch_engine(d: &LocalDeployment, etcd: &str, port: u16) -> Result<tokio::pr
     })
 }
 
-/// The tokenizer the gateway and the simulated workers share: the plan's, when its folder
-/// is on this machine (a manifest written for a cluster may name a node's path).
+/// The tokenizer the gateway and the simulated workers share: the plan's, when it is on
+/// this machine (a manifest written for a cluster may name a node's path, and a model
+/// folder may hold no tokenizer), else none and both count bytes.
 fn local_tokenizer(plan: &LocalPlan) -> Option<&str> {
-    plan.gateway
-        .routing
-        .tokenizer
-        .as_deref()
-        .filter(|t| std::path::Path::new(t).exists())
+    plan.gateway.routing.tokenizer.as_deref().filter(|t| {
+        let path = std::path::Path::new(t);
+        path.join("tokenizer.json").is_file() || path.is_file()
+    })
 }
 
 fn gateway_config(plan: &LocalPlan, host: &str, discovery: &Discovery) -> Result<GatewayConfig> {
     use clap::Parser;
     let mut routing = plan.gateway.routing.clone();
     routing.tokenizer = local_tokenizer(plan).map(str::to_owned);
+    // Workers here publish KV events over ZMQ (the simulator, or a sidecar given no
+    // NATS); a cluster's NATS is not what this machine reaches.
+    routing.nats_url = None;
     let site = GatewaySite {
         host: host.into(),
         port: plan.gateway.port,
@@ -480,8 +483,8 @@ mod tests {
     use super::*;
 
     /// `infera up`'s gateway routes as the operator's gateway of that manifest would:
-    /// the tokenizer, the default retention and NATS were lost before the flags were
-    /// built by one function.
+    /// the tokenizer and the default retention were lost before the flags were built by
+    /// one function.
     #[test]
     fn the_gateway_gets_the_flags_the_operator_renders() {
         use crate::up::manifest::parse_manifests;
@@ -505,15 +508,22 @@ spec:
             &|_| false,
         )
         .unwrap();
-        // The tokenizer folder is not there: counted in bytes by the gateway and workers.
+        // The tokenizer is not there: counted in bytes by the gateway and workers.
         let cfg = gateway_config(&local, "127.0.0.1", &Discovery::InProcess).unwrap();
         assert_eq!(cfg.router_tokenizer_path, None);
         assert_eq!(
             cfg.default_retention,
             infera_gateway::config::RetentionArg::Short
         );
-        assert_eq!(cfg.nats_server.as_deref(), Some("nats://127.0.0.1:4222"));
+        // KV events arrive over ZMQ here, whatever the cluster's messaging.
+        assert_eq!(cfg.nats_server, None);
         std::fs::create_dir(dir.path().join("tok")).unwrap();
+        let cfg = gateway_config(&local, "127.0.0.1", &Discovery::InProcess).unwrap();
+        assert_eq!(
+            cfg.router_tokenizer_path, None,
+            "a folder without tokenizer.json"
+        );
+        std::fs::write(dir.path().join("tok/tokenizer.json"), "{}").unwrap();
         let cfg = gateway_config(&local, "127.0.0.1", &Discovery::InProcess).unwrap();
         assert_eq!(cfg.router_tokenizer_path, Some(dir.path().join("tok")));
     }
