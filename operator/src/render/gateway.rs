@@ -99,8 +99,12 @@ const GATEWAY_SHUTDOWN_DELAY_S: u32 = 10;
 /// streams (`--shutdown-grace-s`), and slack.
 const GATEWAY_GRACE_S: i64 = GATEWAY_SHUTDOWN_DELAY_S as i64 + 30 + 5;
 
-/// The gateway's command-line flags in its pod.
-pub fn gateway_args(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec, model_path: &str) -> Vec<String> {
+/// The gateway's command-line flags in its pod, routing as `routing` says.
+fn gateway_args(
+    ctx: &Ctx<'_>,
+    spec: &InferaDeploymentSpec,
+    routing: &GatewayRouting,
+) -> Vec<String> {
     let g = &spec.gateway;
     let discovery = match (&spec.discovery.backend, &spec.discovery.etcd) {
         (DiscoveryBackend::Etcd, Some(etcd)) => {
@@ -143,7 +147,7 @@ pub fn gateway_args(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec, model_path: &str
         discovery,
         access,
     };
-    build_gateway_args(&GatewayRouting::from_spec(spec, model_path), &site)
+    build_gateway_args(routing, &site)
 }
 
 /// Where the API keys Secret is mounted, and the one file of it the gateway reads.
@@ -203,11 +207,11 @@ pub fn gateway(
     let name = names::gateway(ctx.name);
     let labels = names::instance_labels(ctx.name, "gateway");
     let selector = names::gateway_selector(ctx.name);
-    let uses_model = GatewayRouting::from_spec(spec, model_path).reads_model_volume();
+    let routing = GatewayRouting::from_spec(spec, model_path);
     let tls = spec.gateway.tls.is_some();
     let (mut volumes, mut mounts): (Vec<Volume>, Vec<VolumeMount>) =
         secret_volumes(spec).into_iter().unzip();
-    if uses_model {
+    if routing.reads_model_volume() {
         volumes.push(model_volume(model));
         mounts.push(model_mount());
     }
@@ -219,7 +223,7 @@ pub fn gateway(
                 .clone()
                 .unwrap_or_else(|| ctx.images.gateway.clone()),
         ),
-        args: Some(gateway_args(ctx, spec, model_path)),
+        args: Some(gateway_args(ctx, spec, &routing)),
         ports: Some(vec![ContainerPort {
             name: Some("http".into()),
             container_port: i32::from(ENGINE_PORT),

@@ -5,7 +5,7 @@
 
 use super::engine::MODEL_MOUNT;
 use crate::api::resolve::launch;
-use crate::api::{InferaDeploymentSpec, MessagingBackend, RoutingPolicy};
+use crate::api::{InferaDeploymentSpec, RoutingPolicy};
 
 /// How a deployment's gateway routes.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,11 +43,7 @@ impl GatewayRouting {
             .or(spec.model.tokenizer.as_deref())
             .map(relative)
             .or_else(|| real.then(|| model_path.to_owned()));
-        let nats_url = spec
-            .messaging
-            .nats_url
-            .clone()
-            .filter(|_| spec.messaging.backend == MessagingBackend::Nats);
+        let nats_url = super::nats_url(spec).map(str::to_owned);
         let default_retention = serde_json::to_value(spec.kv_cache.default_retention)
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned))

@@ -184,12 +184,19 @@ fn check_kv_cache_sizes(spec: &InferaDeploymentSpec) -> Result<(), RenderError> 
     Ok(())
 }
 
+/// The NATS server KV events go through, when they do.
+pub fn nats_url(spec: &InferaDeploymentSpec) -> Option<&str> {
+    spec.messaging
+        .nats_url
+        .as_deref()
+        .filter(|_| spec.messaging.backend == MessagingBackend::Nats)
+}
+
 /// The sidecar's NATS flags when KV events go over NATS.
 pub fn nats_args(spec: &InferaDeploymentSpec) -> Vec<String> {
-    match (spec.messaging.backend, &spec.messaging.nats_url) {
-        (MessagingBackend::Nats, Some(url)) => gateway_flags::nats_flags(url).to_vec(),
-        _ => Vec::new(),
-    }
+    nats_url(spec)
+        .map(|url| gateway_flags::nats_flags(url).to_vec())
+        .unwrap_or_default()
 }
 
 /// The image of the engine container.

@@ -6,6 +6,7 @@
 use super::engine::{ENGINE_PORT, EngineCommand, KV_EVENTS_PORT, MODEL_MOUNT};
 use super::names::{self, Role};
 use super::{Images, ModelVolume};
+use crate::api::resolve::launch;
 use crate::api::{DiscoveryBackend, EngineKind, InferaDeploymentSpec};
 use infera_proto::sidecar::{DRAIN_TOKEN_ENV, DRAIN_TOKEN_HEADER};
 use k8s_openapi::api::core::v1::{
@@ -195,14 +196,11 @@ fn sidecar_args(
     namespace: &str,
     engine: &EngineCommand,
 ) -> Vec<String> {
-    let kind = match spec.engine.kind {
-        EngineKind::Vllm => "vllm",
-        EngineKind::Sglang => "sglang",
-        EngineKind::Atom => "atom",
-        EngineKind::Sim => "sim",
-    };
     let mut args: Vec<String> = vec![
-        kind.into(),
+        // The sidecar's first word: the engine, or `sim`.
+        launch(spec.engine.kind, spec.engine.sim_flavor)
+            .word()
+            .into(),
         "--attach".into(),
         "--status-port".into(),
         SIDECAR_PORT.to_string(),
