@@ -8,7 +8,8 @@
 mod support;
 
 use infera_operator::api::{InferaDeployment, PDTopology};
-use infera_operator::render::{Images, Kind, Observed, Platform, render};
+use infera_operator::plan::{Images, Observed, Platform};
+use infera_operator::render::{Kind, render};
 use infera_testkit::process::{ServerProcess, free_port};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;

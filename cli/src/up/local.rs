@@ -10,6 +10,7 @@ use infera_gateway::gateway::Gateway;
 use infera_gateway::registry::Registry;
 use infera_gateway::server::{RunningGateway, start_embedded, start_gateway};
 use infera_operator::api::RoutingPolicy;
+use infera_operator::plan::Tokenizer;
 use infera_operator::render::gateway_flags::{GatewaySite, build_gateway_args};
 use infera_prompt::PromptCodec;
 use infera_proto::discovery::{LEASE_TTL, build_worker_key};
@@ -148,23 +149,23 @@ async fn start_sim_worker(
     codec: &Arc<PromptCodec>,
 ) -> Result<(RunningWorker, WorkerRecord)> {
     let mut argv = vec!["infera-sim".to_owned()];
-    argv.extend(d.args.iter().cloned());
+    argv.extend(d.plan.engine.args.iter().cloned());
     let (cli, ignored) = infera_sim::cli::parse_lenient(argv)
-        .map_err(|e| anyhow!("InferaDeployment {}: spec.engine.args: {e}", d.name))?;
+        .map_err(|e| anyhow!("InferaDeployment {}: spec.engine.args: {e}", d.name()))?;
     for flag in ignored {
-        tracing::warn!(deployment = %d.name, "the simulator ignores engine flag {flag}");
+        tracing::warn!(deployment = %d.name(), "the simulator ignores engine flag {flag}");
     }
     let mut cfg = cli
         .worker_configs()
-        .with_context(|| format!("InferaDeployment {}: spec.engine.args", d.name))?
+        .with_context(|| format!("InferaDeployment {}: spec.engine.args", d.name()))?
         .remove(0);
     let port = free_port()?;
     cfg.listen = SocketAddr::from(([127, 0, 0, 1], port));
-    cfg.engine = d.flavor;
-    cfg.model = d.model.clone();
+    cfg.engine = d.engine();
+    cfg.model = d.model().to_owned();
     cfg.event_format = None;
-    cfg.pd = match d.protocol {
-        Some(p) => pd_role(p, role, port, &d.name, index)?,
+    cfg.pd = match d.protocol() {
+        Some(p) => pd_role(p, role, port, d.name(), index)?,
         None => None,
     };
     let events = if kv_events {
@@ -182,11 +183,11 @@ async fn start_sim_worker(
     let generator = Arc::new(build_generator(codec));
     let worker = start_worker(cfg, codec.clone(), generator)
         .await
-        .with_context(|| format!("starting a simulated worker of {}", d.name))?;
+        .with_context(|| format!("starting a simulated worker of {}", d.name()))?;
     let record = build_sim_record(
         worker.addr,
-        d.flavor,
-        &d.model,
+        d.engine(),
+        d.model(),
         role_cfg.as_ref(),
         events.as_deref(),
         block_size,
@@ -205,7 +206,7 @@ fn sidecar_binary() -> std::path::PathBuf {
 
 /// Launches a real engine through the sidecar (which registers it in etcd).
 fn launch_engine(d: &LocalDeployment, etcd: &str, port: u16) -> Result<tokio::process::Child> {
-    let engine = d.engine.as_str();
+    let engine = d.engine().as_str();
     let mut args: Vec<String> = vec![
         engine.into(),
         "--etcd-endpoint".into(),
@@ -215,7 +216,7 @@ fn launch_engine(d: &LocalDeployment, etcd: &str, port: u16) -> Result<tokio::pr
         "--advertise-host".into(),
         "127.0.0.1".into(),
     ];
-    let model_flag = match d.flavor {
+    let model_flag = match d.engine() {
         EngineKind::Vllm => None,
         EngineKind::Sglang => Some("--model-path"),
         EngineKind::Atom => Some("--model"),
@@ -224,13 +225,13 @@ fn launch_engine(d: &LocalDeployment, etcd: &str, port: u16) -> Result<tokio::pr
     args.push(d.model_path.clone());
     args.extend([
         "--served-model-name".into(),
-        d.model.clone(),
+        d.model().to_owned(),
         "--port".into(),
         port.to_string(),
         "--tensor-parallel-size".into(),
-        d.tensor_parallel_size.to_string(),
+        d.tensor_parallel_size().to_string(),
     ]);
-    args.extend(d.args.iter().cloned());
+    args.extend(d.plan.engine.args.iter().cloned());
     let mut cmd = tokio::process::Command::new(sidecar_binary());
     cmd.args(&args)
         .stdin(Stdio::null())
@@ -248,7 +249,7 @@ fn launch_engine(d: &LocalDeployment, etcd: &str, port: u16) -> Result<tokio::pr
     cmd.spawn().with_context(|| {
         format!(
             "launching {} through infera-engine-sidecar",
-            d.engine.as_str()
+            d.engine().as_str()
         )
     })
 }
@@ -256,20 +257,22 @@ fn launch_engine(d: &LocalDeployment, etcd: &str, port: u16) -> Result<tokio::pr
 /// The tokenizer the gateway and the simulated workers share: the plan's, when it is on
 /// this machine (a manifest written for a cluster may name a node's path, and a model
 /// folder may hold no tokenizer), else none and both count bytes.
-fn local_tokenizer(plan: &LocalPlan) -> Option<&str> {
-    plan.gateway.routing.tokenizer.as_deref().filter(|t| {
-        let path = std::path::Path::new(t);
-        path.join("tokenizer.json").is_file() || path.is_file()
-    })
+fn local_tokenizer(plan: &LocalPlan) -> Option<String> {
+    let g = &plan.gateway;
+    g.routing
+        .tokenizer
+        .as_ref()
+        .map(|t| t.path(&g.model_path))
+        .filter(|t| {
+            let path = std::path::Path::new(t);
+            path.join("tokenizer.json").is_file() || path.is_file()
+        })
 }
 
 fn gateway_config(plan: &LocalPlan, host: &str, discovery: &Discovery) -> Result<GatewayConfig> {
     use clap::Parser;
     let mut routing = plan.gateway.routing.clone();
-    routing.tokenizer = local_tokenizer(plan).map(str::to_owned);
-    // Workers here publish KV events over ZMQ (the simulator, or a sidecar given no
-    // NATS); a cluster's NATS is not what this machine reaches.
-    routing.nats_url = None;
+    routing.tokenizer = local_tokenizer(plan).map(Tokenizer::Absolute);
     let site = GatewaySite {
         host: host.into(),
         port: plan.gateway.port,
@@ -283,6 +286,10 @@ fn gateway_config(plan: &LocalPlan, host: &str, discovery: &Discovery) -> Result
             ],
             Discovery::InProcess => Vec::new(),
         },
+        // Workers here publish KV events over ZMQ (the simulator, or a sidecar given no
+        // NATS); a cluster's NATS is not what this machine reaches.
+        messaging: Vec::new(),
+        model_path: plan.gateway.model_path.clone(),
         access: Vec::new(),
     };
     let mut args = vec!["infera-gateway".to_owned()];
@@ -298,30 +305,30 @@ pub async fn start(plan: &LocalPlan, host: &str, discovery: Discovery) -> Result
     // The simulated workers tokenize as the gateway does, so their KV events hash the
     // blocks the router looks up.
     let codec = Arc::new(match local_tokenizer(plan) {
-        Some(path) => PromptCodec::load(std::path::Path::new(path))
+        Some(path) => PromptCodec::load(std::path::Path::new(&path))
             .with_context(|| format!("loading the tokenizer {path}"))?,
         None => PromptCodec::bytes(),
     });
     let (stop_registrations, stop_rx) = watch::channel(false);
     let mut registrations = tokio::task::JoinSet::new();
     let mut workers = Vec::new();
-    let total: usize = plan.deployments.iter().map(|d| d.roles.len()).sum();
+    let total: usize = plan.deployments.iter().map(|d| d.workers.len()).sum();
     for d in &plan.deployments {
         let what = match d.launch {
-            Launch::Simulated => format!("simulated {}", d.flavor_name()),
-            Launch::Engine => format!("{} (launched by the sidecar)", d.engine.as_str()),
+            Launch::Simulated => format!("simulated {}", d.engine().as_str()),
+            Launch::Engine => format!("{} (launched by the sidecar)", d.engine().as_str()),
         };
         println!(
             "deployment {}: model {}, {} {} worker(s){}",
-            d.name,
-            d.model,
-            d.roles.len(),
+            d.name(),
+            d.model(),
+            d.workers.len(),
             what,
-            d.protocol
+            d.protocol()
                 .map(|p| format!(", prefill/decode over {p}"))
                 .unwrap_or_default()
         );
-        for (i, role) in d.roles.iter().enumerate() {
+        for (i, role) in d.workers.iter().enumerate() {
             let t0 = Instant::now();
             let (record, sim, child) = match d.launch {
                 Launch::Simulated => {
@@ -330,7 +337,7 @@ pub async fn start(plan: &LocalPlan, host: &str, discovery: Discovery) -> Result
                 }
                 Launch::Engine => {
                     let Discovery::Etcd(url) = &discovery else {
-                        bail!("launching {} needs --etcd", d.engine.as_str());
+                        bail!("launching {} needs --etcd", d.engine().as_str());
                     };
                     let port = free_port()?;
                     (None, None, Some(launch_engine(d, url, port)?))
@@ -367,7 +374,7 @@ pub async fn start(plan: &LocalPlan, host: &str, discovery: Discovery) -> Result
                 );
             }
             workers.push(LocalWorker {
-                deployment: d.name.clone(),
+                deployment: d.name().to_owned(),
                 role: *role,
                 record,
                 sim,
@@ -409,12 +416,6 @@ pub async fn start(plan: &LocalPlan, host: &str, discovery: Discovery) -> Result
         started.elapsed().as_secs_f64()
     );
     Ok(cluster)
-}
-
-impl LocalDeployment {
-    fn flavor_name(&self) -> &'static str {
-        self.flavor.as_str()
-    }
 }
 
 impl LocalCluster {

@@ -10,7 +10,7 @@ pub mod plan;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use infera_operator::api::EngineKind;
+use infera_proto::worker::EngineKind;
 use local::Discovery;
 use plan::{PlanOptions, plan};
 use std::path::PathBuf;
@@ -58,7 +58,6 @@ fn installed(engine: EngineKind) -> bool {
             .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join("vllm").is_file())),
         EngineKind::Sglang => python_module("sglang"),
         EngineKind::Atom => python_module("atom"),
-        EngineKind::Sim => true,
     }
 }
 
@@ -89,31 +88,31 @@ pub async fn run(args: UpArgs) -> Result<i32> {
     let cluster = local::start(&plan, &args.host, discovery).await?;
     let url = cluster.url();
     let first = &plan.deployments[0];
-    let completions_only = first.protocol.is_some_and(|p| p.completions_only());
+    let completions_only = first.protocol().is_some_and(|p| p.completions_only());
     println!(
         "\nOpenAI API on {url}/v1 (models: {})",
         plan.deployments
             .iter()
-            .map(|d| d.model.as_str())
+            .map(|d| d.model())
             .collect::<Vec<_>>()
             .join(", ")
     );
     if completions_only {
         println!(
             "  curl -s {url}/v1/completions -H 'content-type: application/json' -d '{{\"model\":\"{}\",\"prompt\":\"Hello\",\"max_tokens\":16}}'",
-            first.model
+            first.model()
         );
     } else {
         println!(
             "  curl -s {url}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"{}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}],\"max_tokens\":16}}'",
-            first.model
+            first.model()
         );
     }
     println!("  workers: {url}/v1/workers   metrics: {url}/metrics");
     let code = if args.check {
         let ok = check::run_check(
             &cluster,
-            &first.model,
+            first.model(),
             plan.gateway.routing.policy,
             completions_only,
         )

@@ -1,12 +1,14 @@
-//! What `infera up` runs for a set of manifests (pure): the workers of each deployment
-//! with their roles, whether each is simulated in-process or launched as an engine,
-//! and the gateway's settings.
+//! What `infera up` runs for a set of manifests (pure): each deployment planned as the
+//! operator plans it ([`plan_deployment`]), whether its workers are simulated in-process
+//! or launched as engines, and the gateway's settings.
 
 use super::manifest::Manifests;
-use infera_operator::api::resolve::{self, ResolveError, Workers, resolve_workers};
-use infera_operator::api::{EngineKind, InferaDeployment};
-use infera_operator::render::gateway_flags::GatewayRouting;
+use infera_operator::api::InferaDeployment;
+use infera_operator::plan::{
+    DeploymentPlan, GatewayRouting, ModelVolume, ValidateError, plan_deployment,
+};
 use infera_proto::pd::PdProtocol;
+use infera_proto::worker::EngineKind;
 
 /// A worker's role (the operator's: mixed, prefill, decode).
 pub use infera_operator::render::names::Role;
@@ -23,34 +25,55 @@ pub enum Launch {
 /// One deployment as run here.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LocalDeployment {
-    /// Resource name.
-    pub name: String,
-    /// Served model name.
-    pub model: String,
-    /// The engine named in the manifest.
-    pub engine: EngineKind,
-    /// The engine whose behaviour and connectors are used (the one `sim` imitates).
-    pub flavor: infera_proto::worker::EngineKind,
-    /// Workers, in start order (prefill before decode).
-    pub roles: Vec<Role>,
-    /// Connector between prefill and decode.
-    pub protocol: Option<PdProtocol>,
+    /// The operator's plan of it.
+    pub plan: DeploymentPlan,
+    /// One entry per worker, in start order (prefill before decode).
+    pub workers: Vec<Role>,
     /// Simulated or launched.
     pub launch: Launch,
-    /// The manifest's engine arguments.
-    pub args: Vec<String>,
-    /// Where a launched engine reads its weights.
+    /// Where a launched engine reads its weights on this machine (a folder or a Hugging
+    /// Face id); "" when simulated from a PVC source.
     pub model_path: String,
-    /// Tensor-parallel size of a launched engine.
-    pub tensor_parallel_size: u32,
+}
+
+impl LocalDeployment {
+    /// Resource name.
+    pub fn name(&self) -> &str {
+        &self.plan.name
+    }
+
+    /// Served model name.
+    pub fn model(&self) -> &str {
+        &self.plan.model.served_name
+    }
+
+    /// The engine run, or the one simulated (its API details and connectors).
+    pub fn engine(&self) -> EngineKind {
+        self.plan.launch.engine()
+    }
+
+    /// Connector between prefill and decode.
+    pub fn protocol(&self) -> Option<PdProtocol> {
+        self.plan.protocol()
+    }
+
+    /// Tensor-parallel size of a launched (mixed) worker.
+    pub fn tensor_parallel_size(&self) -> u32 {
+        self.plan
+            .roles
+            .first()
+            .map_or(1, |r| r.parallelism.tensor_parallel_size)
+    }
 }
 
 /// The gateway: routed as the operator's gateway of the first deployment would be (the
-/// same flags builder), on `port`.
+/// same plan and flags builder), on `port`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GatewayPlan {
-    /// Policy, weights, tokenizer, default retention, NATS.
+    /// Policy, weights, tokenizer, default retention.
     pub routing: GatewayRouting,
+    /// The first deployment's model folder here, which a relative tokenizer is in.
+    pub model_path: String,
     /// Port.
     pub port: u16,
 }
@@ -78,13 +101,13 @@ pub struct PlanOptions {
 /// Why a manifest cannot run here.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PlanError {
-    /// What the API server or operator would also refuse.
+    /// What the operator would also refuse.
     #[error("InferaDeployment {name}: {source}")]
-    Resolve {
+    Invalid {
         /// Deployment.
         name: String,
         /// Why.
-        source: ResolveError,
+        source: ValidateError,
     },
     /// A real engine that is not installed.
     #[error(
@@ -126,6 +149,9 @@ pub enum PlanError {
         /// Deployment.
         name: String,
     },
+    /// Nothing to run.
+    #[error("no InferaDeployment to run")]
+    NoDeployment,
     /// Two deployments serve the same model name.
     #[error(
         "InferaDeployments {0} and {1} both serve model {2:?}; one gateway routes by model name"
@@ -139,7 +165,6 @@ pub fn install_probe(engine: EngineKind) -> &'static str {
         EngineKind::Vllm => "`vllm` on PATH",
         EngineKind::Sglang => "python3 module `sglang`",
         EngineKind::Atom => "python3 module `atom`",
-        EngineKind::Sim => "built in",
     }
 }
 
@@ -150,41 +175,43 @@ fn name_of(d: &InferaDeployment) -> String {
         .unwrap_or_else(|| "<no name>".into())
 }
 
+/// Where `plan`'s weights are on this machine: a host folder, or the Hugging Face id a
+/// launched engine downloads itself; a PVC exists only in a cluster.
+fn local_model_path(plan: &DeploymentPlan) -> Option<String> {
+    match (&plan.model.volume, &plan.model.hugging_face) {
+        (_, Some(hf)) => Some(hf.id.clone()),
+        (ModelVolume::Host { path }, None) => Some(path.clone()),
+        (ModelVolume::Claim { .. }, None) => None,
+    }
+}
+
 /// Plans `manifests`; `installed` says whether a real engine can be launched here.
 pub fn plan(
     manifests: &Manifests,
     opts: &PlanOptions,
     installed: &dyn Fn(EngineKind) -> bool,
 ) -> Result<LocalPlan, PlanError> {
-    let mut deployments = Vec::new();
+    let mut deployments: Vec<LocalDeployment> = Vec::new();
     for d in &manifests.deployments {
         let name = name_of(d);
-        let spec = &d.spec;
-        let topology = spec.serving.topology_ref.as_deref().and_then(|r| {
+        let topology = d.spec.serving.topology_ref.as_deref().and_then(|r| {
             manifests
                 .topologies
                 .iter()
                 .find(|t| t.metadata.name.as_deref() == Some(r))
-                .map(|t| (r, &t.spec))
         });
-        let workers = resolve_workers(spec, topology).map_err(|source| PlanError::Resolve {
-            name: name.clone(),
-            source,
-        })?;
-        let (roles, protocol) = match workers {
-            Workers::Mixed(n) => (vec![Role::Mixed; n as usize], None),
-            Workers::Disaggregated {
-                prefill,
-                decode,
-                protocol,
-            } => {
-                let mut roles = vec![Role::Prefill; prefill as usize];
-                roles.extend(vec![Role::Decode; decode as usize]);
-                (roles, Some(protocol))
-            }
-        };
-        let engine = spec.engine.kind;
-        let launch = if engine == EngineKind::Sim || opts.sim {
+        let plan =
+            plan_deployment(&name, &d.spec, topology).map_err(|source| PlanError::Invalid {
+                name: name.clone(),
+                source,
+            })?;
+        let workers: Vec<Role> = plan
+            .roles
+            .iter()
+            .flat_map(|r| std::iter::repeat_n(r.role, r.workers as usize))
+            .collect();
+        let engine = plan.launch.engine();
+        let launch = if plan.launch.is_sim() || opts.sim {
             Launch::Simulated
         } else if !installed(engine) {
             return Err(PlanError::NotInstalled {
@@ -192,7 +219,7 @@ pub fn plan(
                 engine: engine.as_str(),
                 probe: install_probe(engine),
             });
-        } else if protocol.is_some() {
+        } else if plan.protocol().is_some() {
             return Err(PlanError::DisaggregatedEngine { name });
         } else if !opts.etcd {
             return Err(PlanError::NeedsEtcd {
@@ -202,52 +229,43 @@ pub fn plan(
         } else {
             Launch::Engine
         };
-        let source = &spec.model.source;
-        let model_path = match (&source.host_path, &source.hugging_face) {
-            (Some(h), _) => h.path.clone(),
-            (None, Some(hf)) => hf.id.clone(),
-            (None, None) if launch == Launch::Engine => {
+        let model_path = match local_model_path(&plan) {
+            Some(path) => path,
+            None if launch == Launch::Engine => {
                 return Err(PlanError::NoLocalWeights {
                     name,
                     engine: engine.as_str(),
                 });
             }
-            (None, None) => String::new(),
+            None => String::new(),
         };
         if let Some(other) = deployments
             .iter()
-            .find(|o: &&LocalDeployment| o.model == spec.model.name)
+            .find(|o| o.model() == plan.model.served_name)
         {
             return Err(PlanError::DuplicateModel(
-                other.name.clone(),
+                other.name().to_owned(),
                 name,
-                spec.model.name.clone(),
+                plan.model.served_name.clone(),
             ));
         }
         deployments.push(LocalDeployment {
-            name,
-            model: spec.model.name.clone(),
-            engine,
-            flavor: resolve::launch(engine, spec.engine.sim_flavor).engine(),
-            roles,
-            protocol,
+            plan,
+            workers,
             launch,
-            args: spec.engine.args.clone(),
             model_path,
-            tensor_parallel_size: spec.engine.parallelism.tensor_parallel_size,
         });
     }
-    let first = &manifests.deployments[0].spec;
+    // Parsing refuses a file without a deployment.
+    let first = deployments.first().ok_or(PlanError::NoDeployment)?;
+    let g = &first.plan.gateway;
     let port = opts
         .port
-        .unwrap_or_else(|| u16::try_from(first.gateway.service.port).unwrap_or(8000));
-    let model_path = deployments
-        .first()
-        .map(|d| d.model_path.as_str())
-        .unwrap_or_default();
+        .unwrap_or_else(|| u16::try_from(g.service.port).unwrap_or(8000));
     Ok(LocalPlan {
         gateway: GatewayPlan {
-            routing: GatewayRouting::from_spec(first, model_path),
+            routing: g.routing.clone(),
+            model_path: first.model_path.clone(),
             port,
         },
         deployments,
@@ -276,7 +294,7 @@ mod tests {
         .unwrap();
         let d = &p.deployments[0];
         assert_eq!(
-            (d.roles.clone(), d.launch),
+            (d.workers.clone(), d.launch),
             (vec![Role::Mixed; 2], Launch::Simulated)
         );
         assert_eq!(p.gateway.routing.policy, RoutingPolicy::KvAware);
@@ -292,8 +310,8 @@ mod tests {
         )
         .unwrap();
         let d = &p.deployments[0];
-        assert_eq!(d.roles, vec![Role::Prefill, Role::Decode]);
-        assert_eq!(d.protocol, Some(PdProtocol::VllmMooncake));
+        assert_eq!(d.workers, vec![Role::Prefill, Role::Decode]);
+        assert_eq!(d.protocol(), Some(PdProtocol::VllmMooncake));
         assert_eq!(p.gateway.port, 9000);
     }
 
@@ -315,15 +333,15 @@ mod tests {
         let p = plan(&m, &opts, &|_| true).unwrap();
         assert_eq!(p.deployments[0].launch, Launch::Engine);
         assert_eq!(p.deployments[0].model_path, "/models/m");
-        assert_eq!(p.deployments[0].tensor_parallel_size, 2);
+        assert_eq!(p.deployments[0].tensor_parallel_size(), 2);
         let sim = PlanOptions {
             sim: true,
             ..PlanOptions::default()
         };
         let p = plan(&m, &sim, &|_| false).unwrap();
         assert_eq!(
-            (p.deployments[0].launch, p.deployments[0].flavor),
-            (Launch::Simulated, infera_proto::worker::EngineKind::Vllm)
+            (p.deployments[0].launch, p.deployments[0].engine()),
+            (Launch::Simulated, EngineKind::Vllm)
         );
     }
 

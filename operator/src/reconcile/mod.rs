@@ -13,8 +13,9 @@ pub mod topology_status;
 
 use crate::api::{InferaDeployment, PDTopology, ServingMode};
 use crate::metrics::Metrics;
+use crate::plan::{Observed, Platform, validate};
 use crate::render::names::{self, MANAGED_BY};
-use crate::render::{Kind, Observed, Platform, Rendered, render};
+use crate::render::{Kind, Rendered, build};
 use apply::{Applied, ApplyError, apply_child, prune};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
@@ -450,8 +451,8 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
         etcd_client_tls: etcd_client_tls.as_ref(),
     };
     let selector = names::engine_selector_string(&name);
-    let rendered = match render(idep, observed, &ctx.settings.platform) {
-        Ok(r) => r,
+    let rendered = match validate(idep, observed, &ctx.settings.platform) {
+        Ok(plan) => build(&plan),
         Err(e) => {
             let (reason, message) = (e.reason().to_owned(), e.to_string());
             tracing::warn!(deployment = %name, namespace = %namespace, "{reason}: {message}");

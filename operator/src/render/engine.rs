@@ -4,10 +4,10 @@
 //! the engine preparation the sidecar launches with (`infera_engine_prep::prepare`), so
 //! flags are decided in one place. The user's `args` follow verbatim and win.
 
-use crate::api::resolve::launch;
 use crate::api::{
-    InferaDeploymentSpec, KvCacheDtype, Parallelism, Quantization, TransportBackend, TransportSpec,
+    KvCacheDtype, Parallelism, Quantization, RdmaSpec, RoutingPolicy, TransportBackend,
 };
+use crate::plan::{PdLeg, Plan, RolePlan};
 use crate::render::names::Role;
 use infera_engine_prep::prepare::{fp8_kv_cache_dtype, launcher, prepare_engine};
 use infera_proto::pd::PdProtocol;
@@ -38,32 +38,6 @@ pub struct EngineCommand {
     pub env: Vec<(String, String)>,
 }
 
-/// Where a role's worker sits in a prefill/decode pair, and over what.
-#[derive(Debug, Clone, Copy)]
-pub struct PdLeg<'a> {
-    /// The connector protocol.
-    pub protocol: PdProtocol,
-    /// The topology's transport.
-    pub transport: &'a TransportSpec,
-}
-
-/// What varies per role.
-#[derive(Debug, Clone, Copy)]
-pub struct RoleInput<'a> {
-    /// The role.
-    pub role: Role,
-    /// Parallelism of one worker.
-    pub parallelism: &'a Parallelism,
-    /// The topology role's extra args (after the deployment's).
-    pub role_args: &'a [String],
-    /// Prefill/decode connector, for those roles.
-    pub pd: Option<PdLeg<'a>>,
-    /// Where the model is inside the pod.
-    pub model_path: &'a str,
-    /// Tokenizer folder inside the pod, if any.
-    pub tokenizer_path: Option<&'a str>,
-}
-
 fn push(args: &mut Vec<String>, flag: &str, value: impl Into<String>) {
     args.push(flag.to_owned());
     args.push(value.into());
@@ -83,12 +57,12 @@ fn kv_cache_dtype(engine: EngineKind, dtype: KvCacheDtype) -> Option<&'static st
 /// The vLLM / ATOM `--kv-transfer-config` of a prefill or decode worker. Pod identity
 /// comes from the downward API (`$(POD_NAME)`, `$(POD_IP)`), which Kubernetes expands in
 /// arguments, so the sidecar reads the same values the engine uses.
-fn kv_transfer_config(leg: PdLeg<'_>, role: Role, rdma: bool, tp: u32) -> Value {
+fn kv_transfer_config(leg: &PdLeg, role: Role, rdma: bool, tp: u32) -> Value {
     let kv_role = match role {
         Role::Prefill => "kv_producer",
         _ => "kv_consumer",
     };
-    let t = leg.transport;
+    let t = &leg.transport;
     match leg.protocol {
         PdProtocol::VllmMooncake => json!({
             "kv_connector": "MooncakeConnector",
@@ -120,13 +94,12 @@ fn kv_transfer_config(leg: PdLeg<'_>, role: Role, rdma: bool, tp: u32) -> Value 
 fn pd_flags(
     args: &mut Vec<String>,
     env: &mut Vec<(String, String)>,
-    leg: PdLeg<'_>,
-    input: &RoleInput<'_>,
-    spec: &InferaDeploymentSpec,
+    leg: &PdLeg,
+    role: &RolePlan,
+    rdma: &RdmaSpec,
 ) {
-    let rdma = &spec.network.rdma;
     if leg.protocol == PdProtocol::SglangBootstrap {
-        push(args, "--disaggregation-mode", input.role.as_str());
+        push(args, "--disaggregation-mode", role.role.as_str());
         let backend = match leg.transport.backend {
             TransportBackend::Mori => "mori",
             _ => "mooncake",
@@ -143,8 +116,8 @@ fn pd_flags(
         }
         return;
     }
-    let tp = input.parallelism.tensor_parallel_size;
-    let config = kv_transfer_config(leg, input.role, rdma.enabled, tp);
+    let tp = role.parallelism.tensor_parallel_size;
+    let config = kv_transfer_config(leg, role.role, rdma.enabled, tp);
     push(args, "--kv-transfer-config", config.to_string());
     if leg.protocol == PdProtocol::VllmMooncake
         && let Some(port) = leg.transport.bootstrap_port
@@ -205,56 +178,60 @@ fn quantization_flags(args: &mut Vec<String>, engine: EngineKind, q: Quantizatio
     }
 }
 
-/// The engine command of one role. `kv_events`: give the engine a KV-event endpoint
-/// (kv-aware routing needs it).
-pub fn engine_command(
-    spec: &InferaDeploymentSpec,
-    input: &RoleInput<'_>,
-    kv_events: bool,
-) -> EngineCommand {
-    let runs = launch(spec.engine.kind, spec.engine.sim_flavor);
+/// The engine command of one role, the model folder at `model_path` in the pod.
+pub fn build_engine_command(plan: &Plan, role: &RolePlan, model_path: &str) -> EngineCommand {
+    let d = &plan.deployment;
+    let runs = d.launch;
     let engine = runs.engine();
+    let rdma = &d.network.rdma;
     let mut args = Vec::new();
     let mut env = Vec::new();
     match engine {
-        EngineKind::Sglang => push(&mut args, "--model-path", input.model_path),
-        EngineKind::Atom => push(&mut args, "--model", input.model_path),
-        EngineKind::Vllm => args.push(input.model_path.to_owned()),
+        EngineKind::Sglang => push(&mut args, "--model-path", model_path),
+        EngineKind::Atom => push(&mut args, "--model", model_path),
+        EngineKind::Vllm => args.push(model_path.to_owned()),
     }
-    push(&mut args, "--served-model-name", spec.model.name.as_str());
+    push(
+        &mut args,
+        "--served-model-name",
+        d.model.served_name.as_str(),
+    );
     push(&mut args, "--host", "0.0.0.0");
     push(&mut args, "--port", ENGINE_PORT.to_string());
     if runs.is_sim() {
         push(&mut args, "--engine", engine.as_str());
-        if let Some(tokenizer) = input.tokenizer_path {
-            push(&mut args, "--tokenizer", tokenizer);
+        if let Some(tokenizer) = &d.model.tokenizer {
+            push(
+                &mut args,
+                "--tokenizer",
+                format!("{model_path}/{tokenizer}"),
+            );
         }
     }
-    parallel_flags(&mut args, engine, input.parallelism);
-    quantization_flags(&mut args, engine, spec.model.quantization);
-    if let Some(dtype) = kv_cache_dtype(engine, spec.engine.kv_cache_dtype) {
+    parallel_flags(&mut args, engine, &role.parallelism);
+    quantization_flags(&mut args, engine, d.model.quantization);
+    if let Some(dtype) = kv_cache_dtype(engine, d.engine.kv_cache_dtype) {
         push(&mut args, "--kv-cache-dtype", dtype);
     }
-    if let Some(leg) = input.pd {
-        pd_flags(&mut args, &mut env, leg, input, spec);
+    if let Some(leg) = &role.pd {
+        pd_flags(&mut args, &mut env, leg, role, rdma);
     }
-    args.extend(spec.engine.args.iter().cloned());
-    args.extend(input.role_args.iter().cloned());
-    let user_env: Vec<&str> = spec.engine.env.iter().map(|e| e.name.as_str()).collect();
+    args.extend(d.engine.args.iter().cloned());
+    args.extend(role.args.iter().cloned());
+    let user_env: Vec<&str> = d.engine.env.iter().map(|e| e.name.as_str()).collect();
+    // kv-aware routing needs the engine's KV events.
+    let kv_events = d.gateway.routing.policy == RoutingPolicy::KvAware;
     let prepared = prepare_engine(
         runs,
         &args,
         SIM_PROGRAM,
         kv_events.then_some(KV_EVENTS_PORT),
-        spec.network
-            .rdma
-            .gid_index
-            .filter(|_| spec.network.rdma.enabled),
+        rdma.gid_index.filter(|_| rdma.enabled),
         &|name| user_env.contains(&name) || env.iter().any(|(n, _)| n == name),
     );
     env.extend(prepared.env);
-    if spec.network.rdma.enabled && !spec.network.rdma.interfaces.is_empty() {
-        let hcas = spec.network.rdma.interfaces.join(",");
+    if rdma.enabled && !rdma.interfaces.is_empty() {
+        let hcas = rdma.interfaces.join(",");
         if !user_env.contains(&"NCCL_IB_HCA") {
             env.push(("NCCL_IB_HCA".into(), hcas));
         }

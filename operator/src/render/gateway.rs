@@ -3,13 +3,14 @@
 //! gateway and the engine sidecars need for Kubernetes discovery (the gateway reads Pods;
 //! sidecars patch their own Pod's annotation).
 
-use super::engine::ENGINE_PORT;
-use super::gateway_flags::{GatewayRouting, GatewaySite, build_gateway_args};
+use super::engine::{ENGINE_PORT, MODEL_MOUNT};
+use super::gateway_flags::{GatewaySite, build_gateway_args, nats_flags};
 use super::names;
 use super::pod::{model_mount, model_volume, restricted_security};
 use super::secrets::{etcd_client_args, etcd_secrets, one_key, secret_volume};
-use super::{Child, Ctx, Kind, ModelVolume, child};
-use crate::api::{DiscoveryBackend, InferaDeploymentSpec, ServiceType};
+use super::{Child, Kind, child};
+use crate::api::ServiceType;
+use crate::plan::{Discovery, GatewayPlan, Plan, Tokenizer};
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
@@ -27,28 +28,32 @@ use std::collections::BTreeMap;
 /// discovery, their Roles: the engines' sidecars may patch Pods (each its own worker
 /// annotation) and nothing else; the gateways may only read Pods. With etcd discovery
 /// neither account has any permission (and no pod mounts a token).
-pub fn identity(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec) -> Vec<Child> {
-    let kubernetes = spec.discovery.backend == DiscoveryBackend::Kubernetes;
+pub fn build_identity(plan: &Plan) -> Vec<Child> {
+    let kubernetes = plan.discovery == Discovery::Kubernetes;
     let mut out = Vec::new();
     for (name, component, verbs) in [
-        (names::service_account(ctx.name), "identity", &["patch"][..]),
         (
-            names::gateway(ctx.name),
+            names::service_account(&plan.owner.name),
+            "identity",
+            &["patch"][..],
+        ),
+        (
+            names::gateway(&plan.owner.name),
             "gateway",
             &["get", "list", "watch"][..],
         ),
     ] {
-        let labels = names::instance_labels(ctx.name, component);
+        let labels = names::instance_labels(&plan.owner.name, component);
         out.push(child(
             Kind::ServiceAccount,
             ServiceAccount {
-                metadata: ctx.meta(name.clone(), labels.clone()),
+                metadata: plan.owner.meta(name.clone(), labels.clone()),
                 ..Default::default()
             },
-            Some(ctx.owner),
+            Some(&plan.owner.reference),
         ));
         if kubernetes {
-            out.extend(pod_role(ctx, &name, labels, verbs));
+            out.extend(pod_role(plan, &name, labels, verbs));
         }
     }
     out
@@ -56,13 +61,13 @@ pub fn identity(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec) -> Vec<Child> {
 
 /// A Role over Pods with `verbs`, bound to the ServiceAccount `name`.
 fn pod_role(
-    ctx: &Ctx<'_>,
+    plan: &Plan,
     name: &str,
     labels: BTreeMap<String, String>,
     verbs: &[&str],
 ) -> [Child; 2] {
     let role = RbacRole {
-        metadata: ctx.meta(name.to_owned(), labels.clone()),
+        metadata: plan.owner.meta(name.to_owned(), labels.clone()),
         rules: Some(vec![PolicyRule {
             api_groups: Some(vec![String::new()]),
             resources: Some(vec!["pods".into()]),
@@ -71,7 +76,7 @@ fn pod_role(
         }]),
     };
     let binding = RoleBinding {
-        metadata: ctx.meta(name.to_owned(), labels),
+        metadata: plan.owner.meta(name.to_owned(), labels),
         role_ref: RoleRef {
             api_group: "rbac.authorization.k8s.io".into(),
             kind: "Role".into(),
@@ -80,13 +85,13 @@ fn pod_role(
         subjects: Some(vec![Subject {
             kind: "ServiceAccount".into(),
             name: name.to_owned(),
-            namespace: Some(ctx.namespace.to_owned()),
+            namespace: Some(plan.owner.namespace.clone()),
             ..Default::default()
         }]),
     };
     [
-        child(Kind::Role, role, Some(ctx.owner)),
-        child(Kind::RoleBinding, binding, Some(ctx.owner)),
+        child(Kind::Role, role, Some(&plan.owner.reference)),
+        child(Kind::RoleBinding, binding, Some(&plan.owner.reference)),
     ]
 }
 
@@ -99,26 +104,22 @@ const GATEWAY_SHUTDOWN_DELAY_S: u32 = 10;
 /// streams (`--shutdown-grace-s`), and slack.
 const GATEWAY_GRACE_S: i64 = GATEWAY_SHUTDOWN_DELAY_S as i64 + 30 + 5;
 
-/// The gateway's command-line flags in its pod, routing as `routing` says.
-fn gateway_args(
-    ctx: &Ctx<'_>,
-    spec: &InferaDeploymentSpec,
-    routing: &GatewayRouting,
-) -> Vec<String> {
-    let g = &spec.gateway;
-    let discovery = match (&spec.discovery.backend, &spec.discovery.etcd) {
-        (DiscoveryBackend::Etcd, Some(etcd)) => {
+/// The gateway's command-line flags in its pod, the model folder at `model_path`.
+fn gateway_args(plan: &Plan, model_path: &str) -> Vec<String> {
+    let g = &plan.deployment.gateway;
+    let discovery = match &plan.discovery {
+        Discovery::Etcd(etcd) => {
             let mut args = vec!["--discovery-backend".into(), "etcd".into()];
             args.extend(etcd_client_args(etcd));
             args
         }
-        _ => vec![
+        Discovery::Kubernetes => vec![
             "--discovery-backend".into(),
             "kubernetes".into(),
             "--k8s-label-selector".into(),
-            names::engine_selector_string(ctx.name),
+            names::engine_selector_string(&plan.owner.name),
             "--k8s-namespace".into(),
-            ctx.namespace.into(),
+            plan.owner.namespace.clone(),
         ],
     };
     let mut access = Vec::new();
@@ -145,9 +146,24 @@ fn gateway_args(
             GATEWAY_SHUTDOWN_DELAY_S.to_string(),
         ],
         discovery,
+        messaging: plan
+            .nats_url
+            .as_deref()
+            .map(|url| nats_flags(url).to_vec())
+            .unwrap_or_default(),
+        model_path: model_path.to_owned(),
         access,
     };
-    build_gateway_args(routing, &site)
+    build_gateway_args(&g.routing, &site)
+}
+
+/// Whether the gateway's tokenizer lies in the model volume (the pod must mount it).
+fn reads_model_volume(g: &GatewayPlan) -> bool {
+    match &g.routing.tokenizer {
+        Some(Tokenizer::InModel(_)) => true,
+        Some(Tokenizer::Absolute(path)) => path.starts_with(MODEL_MOUNT),
+        None => false,
+    }
 }
 
 /// Where the API keys Secret is mounted, and the one file of it the gateway reads.
@@ -158,16 +174,17 @@ const TLS_DIR: &str = "/etc/infera/tls";
 
 /// The Secret volumes (and their mounts) the gateway reads: API keys, its certificate,
 /// etcd's TLS and auth.
-fn secret_volumes(spec: &InferaDeploymentSpec) -> Vec<(Volume, VolumeMount)> {
+fn secret_volumes(plan: &Plan) -> Vec<(Volume, VolumeMount)> {
+    let g = &plan.deployment.gateway;
     let mut out = Vec::new();
-    if let Some(keys) = &spec.gateway.api_keys_secret_ref {
+    if let Some(keys) = &g.api_keys_secret_ref {
         let items = one_key(keys, API_KEYS_FILE);
         out.push(secret_volume("api-keys", &keys.name, items, API_KEYS_DIR));
     }
-    if let Some(tls) = &spec.gateway.tls {
+    if let Some(tls) = &g.tls {
         out.push(secret_volume("tls", &tls.secret_name, None, TLS_DIR));
     }
-    out.extend(etcd_secrets(spec));
+    out.extend(etcd_secrets(&plan.discovery));
     out
 }
 
@@ -197,33 +214,28 @@ fn default_resources() -> ResourceRequirements {
     }
 }
 
-/// The gateway Deployment and Service.
-pub fn gateway(
-    ctx: &Ctx<'_>,
-    spec: &InferaDeploymentSpec,
-    model: &ModelVolume,
-    model_path: &str,
-) -> Vec<Child> {
-    let name = names::gateway(ctx.name);
-    let labels = names::instance_labels(ctx.name, "gateway");
-    let selector = names::gateway_selector(ctx.name);
-    let routing = GatewayRouting::from_spec(spec, model_path);
-    let tls = spec.gateway.tls.is_some();
+/// The gateway Deployment and Service, the model folder at `model_path` in its pod.
+pub fn build_gateway(plan: &Plan, model_path: &str) -> Vec<Child> {
+    let instance = plan.owner.name.as_str();
+    let g = &plan.deployment.gateway;
+    let name = names::gateway(instance);
+    let labels = names::instance_labels(instance, "gateway");
+    let selector = names::gateway_selector(instance);
+    let tls = g.tls.is_some();
     let (mut volumes, mut mounts): (Vec<Volume>, Vec<VolumeMount>) =
-        secret_volumes(spec).into_iter().unzip();
-    if routing.reads_model_volume() {
-        volumes.push(model_volume(model));
+        secret_volumes(plan).into_iter().unzip();
+    if reads_model_volume(g) {
+        volumes.push(model_volume(&plan.deployment.model.volume));
         mounts.push(model_mount());
     }
     let container = Container {
         name: "gateway".into(),
         image: Some(
-            spec.gateway
-                .image
+            g.image
                 .clone()
-                .unwrap_or_else(|| ctx.images.gateway.clone()),
+                .unwrap_or_else(|| plan.images.gateway.clone()),
         ),
-        args: Some(gateway_args(ctx, spec, &routing)),
+        args: Some(gateway_args(plan, model_path)),
         ports: Some(vec![ContainerPort {
             name: Some("http".into()),
             container_port: i32::from(ENGINE_PORT),
@@ -234,20 +246,15 @@ pub fn gateway(
             period_seconds: Some(10),
             ..probe("/health", tls)
         }),
-        resources: Some(
-            spec.gateway
-                .resources
-                .clone()
-                .unwrap_or_else(default_resources),
-        ),
+        resources: Some(g.resources.clone().unwrap_or_else(default_resources)),
         security_context: Some(restricted_security()),
         volume_mounts: (!mounts.is_empty()).then_some(mounts),
         ..Default::default()
     };
     let deployment = Deployment {
-        metadata: ctx.meta(name.clone(), labels.clone()),
+        metadata: plan.owner.meta(name.clone(), labels.clone()),
         spec: Some(DeploymentSpec {
-            replicas: Some(spec.gateway.replicas),
+            replicas: Some(g.replicas),
             selector: LabelSelector {
                 match_labels: Some(selector.clone()),
                 ..Default::default()
@@ -265,11 +272,9 @@ pub fn gateway(
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
-                    service_account_name: Some(names::gateway(ctx.name)),
+                    service_account_name: Some(names::gateway(instance)),
                     // Only Kubernetes discovery talks to the API server.
-                    automount_service_account_token: Some(
-                        spec.discovery.backend == DiscoveryBackend::Kubernetes,
-                    ),
+                    automount_service_account_token: Some(plan.discovery == Discovery::Kubernetes),
                     termination_grace_period_seconds: Some(GATEWAY_GRACE_S),
                     containers: vec![container],
                     volumes: (!volumes.is_empty()).then_some(volumes),
@@ -281,23 +286,23 @@ pub fn gateway(
         }),
         ..Default::default()
     };
-    let service_type = match spec.gateway.service.type_ {
+    let service_type = match g.service.type_ {
         ServiceType::ClusterIP => "ClusterIP",
         ServiceType::NodePort => "NodePort",
         ServiceType::LoadBalancer => "LoadBalancer",
     };
     let mut service_labels = labels;
-    if let Some(access) = names::metrics_access(tls, spec.gateway.metrics_require_auth) {
+    if let Some(access) = names::metrics_access(tls, g.metrics_require_auth) {
         service_labels.insert(names::METRICS_ACCESS_LABEL.into(), access.into());
     }
     let service = Service {
-        metadata: ctx.meta(name, service_labels),
+        metadata: plan.owner.meta(name, service_labels),
         spec: Some(ServiceSpec {
             type_: Some(service_type.into()),
             selector: Some(selector),
             ports: Some(vec![ServicePort {
                 name: Some("http".into()),
-                port: spec.gateway.service.port,
+                port: g.service.port,
                 target_port: Some(IntOrString::String("http".into())),
                 app_protocol: tls.then(|| "https".into()),
                 ..Default::default()
@@ -307,7 +312,7 @@ pub fn gateway(
         ..Default::default()
     };
     vec![
-        child(Kind::Service, service, Some(ctx.owner)),
-        child(Kind::Deployment, deployment, Some(ctx.owner)),
+        child(Kind::Service, service, Some(&plan.owner.reference)),
+        child(Kind::Deployment, deployment, Some(&plan.owner.reference)),
     ]
 }

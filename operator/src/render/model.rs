@@ -5,8 +5,8 @@
 use super::engine::MODEL_MOUNT;
 use super::names;
 use super::pod::restricted_security;
-use super::{Child, Ctx, Kind, ModelVolume, child};
-use crate::api::InferaDeploymentSpec;
+use super::{Child, Kind, child};
+use crate::plan::{ModelVolume, Plan};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     Container, EnvVar, PersistentVolumeClaim, PersistentVolumeClaimSpec,
@@ -31,27 +31,13 @@ PY"#;
 /// The group of the downloader image's user (distroless `nonroot`).
 const DOWNLOADER_GID: i64 = 65532;
 
-/// The model volume of a deployment.
-pub fn volume(instance: &str, spec: &InferaDeploymentSpec) -> ModelVolume {
-    let source = &spec.model.source;
-    if let Some(hf) = &source.hugging_face {
-        ModelVolume::Claim {
-            claim: names::model_cache(instance),
-            sub_path: hf.id.clone(),
+/// The model folder inside a pod.
+pub fn model_path(volume: &ModelVolume) -> String {
+    match volume {
+        ModelVolume::Claim { sub_path, .. } if !sub_path.is_empty() => {
+            format!("{MODEL_MOUNT}/{}", sub_path.trim_matches('/'))
         }
-    } else if let Some(pvc) = &source.pvc {
-        ModelVolume::Claim {
-            claim: pvc.claim_name.clone(),
-            sub_path: pvc.sub_path.clone().unwrap_or_default(),
-        }
-    } else {
-        ModelVolume::Host {
-            path: source
-                .host_path
-                .as_ref()
-                .map(|h| h.path.clone())
-                .unwrap_or_else(|| "/".into()),
-        }
+        _ => MODEL_MOUNT.to_owned(),
     }
 }
 
@@ -67,13 +53,15 @@ fn env(name: &str, value: &str) -> EnvVar {
 /// instance labels but no owner: deleting the deployment keeps the downloaded weights.
 /// Once the download is recorded as complete, the Job is no longer rendered (and so is
 /// pruned).
-/// With `done`, the cache is complete: the PVC only, no Job.
-pub fn download(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec, done: bool) -> Option<Vec<Child>> {
-    let hf = spec.model.source.hugging_face.as_ref()?;
-    let claim = names::model_cache(ctx.name);
-    let labels = names::instance_labels(ctx.name, "model-cache");
+/// With the model ready, the cache is complete: the PVC only, no Job.
+pub fn build_model_download(plan: &Plan) -> Option<Vec<Child>> {
+    let d = &plan.deployment;
+    let hf = d.model.hugging_face.as_ref()?;
+    let instance = plan.owner.name.as_str();
+    let claim = names::model_cache(instance);
+    let labels = names::instance_labels(instance, "model-cache");
     let pvc = PersistentVolumeClaim {
-        metadata: ctx.meta(claim.clone(), labels),
+        metadata: plan.owner.meta(claim.clone(), labels),
         spec: Some(PersistentVolumeClaimSpec {
             // Every engine and gateway pod of the deployment mounts it, across nodes.
             access_modes: Some(vec!["ReadWriteMany".into()]),
@@ -101,13 +89,15 @@ pub fn download(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec, done: bool) -> Optio
     if let Some(secret) = &hf.token_secret_ref {
         env.push(super::pod::secret_env("HF_TOKEN", secret));
     }
-    let (image, own_downloader) = match (&spec.engine.image, spec.engine.kind) {
-        (Some(image), kind) if kind != crate::api::EngineKind::Sim => (image.clone(), false),
-        _ => (ctx.images.downloader.clone(), true),
+    let (image, own_downloader) = match &d.engine.image {
+        Some(image) if !d.launch.is_sim() => (image.clone(), false),
+        _ => (plan.images.downloader.clone(), true),
     };
-    let job_labels = names::instance_labels(ctx.name, "model-download");
+    let job_labels = names::instance_labels(instance, "model-download");
     let job = Job {
-        metadata: ctx.meta(names::model_download(ctx.name), job_labels.clone()),
+        metadata: plan
+            .owner
+            .meta(names::model_download(instance), job_labels.clone()),
         spec: Some(JobSpec {
             backoff_limit: Some(6),
             template: PodTemplateSpec {
@@ -162,8 +152,8 @@ pub fn download(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec, done: bool) -> Optio
         ..Default::default()
     };
     let mut out = vec![child(Kind::PersistentVolumeClaim, pvc, None)];
-    if !done {
-        out.push(child(Kind::Job, job, Some(ctx.owner)));
+    if !plan.model_ready {
+        out.push(child(Kind::Job, job, Some(&plan.owner.reference)));
     }
     Some(out)
 }

@@ -2,8 +2,8 @@
 //! and the peers the user adds (`spec.network.networkPolicy`).
 
 use super::names;
-use super::{Child, Ctx, Kind, child};
-use crate::api::InferaDeploymentSpec;
+use super::{Child, Kind, child};
+use crate::plan::Plan;
 use infera_proto::discovery::DEPLOYMENT_LABEL;
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicySpec,
@@ -12,8 +12,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use std::collections::BTreeMap;
 
 /// `<name>-engines`, unless turned off.
-pub fn engine_network_policy(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec) -> Option<Child> {
-    let policy = &spec.network.network_policy;
+pub fn build_engine_network_policy(plan: &Plan) -> Option<Child> {
+    let policy = &plan.deployment.network.network_policy;
+    let instance = plan.owner.name.as_str();
     if !policy.enabled {
         return None;
     }
@@ -21,7 +22,7 @@ pub fn engine_network_policy(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec) -> Opti
         pod_selector: Some(LabelSelector {
             match_labels: Some(BTreeMap::from([(
                 DEPLOYMENT_LABEL.to_owned(),
-                ctx.name.to_owned(),
+                instance.to_owned(),
             )])),
             ..Default::default()
         }),
@@ -38,13 +39,13 @@ pub fn engine_network_policy(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec) -> Opti
         });
     }
     let object = NetworkPolicy {
-        metadata: ctx.meta(
-            names::engine_network_policy(ctx.name),
-            names::instance_labels(ctx.name, "engine"),
+        metadata: plan.owner.meta(
+            names::engine_network_policy(instance),
+            names::instance_labels(instance, "engine"),
         ),
         spec: Some(NetworkPolicySpec {
             pod_selector: Some(LabelSelector {
-                match_labels: Some(names::engine_selector(ctx.name)),
+                match_labels: Some(names::engine_selector(instance)),
                 ..Default::default()
             }),
             policy_types: Some(vec!["Ingress".into()]),
@@ -52,5 +53,9 @@ pub fn engine_network_policy(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec) -> Opti
             ..Default::default()
         }),
     };
-    Some(child(Kind::NetworkPolicy, object, Some(ctx.owner)))
+    Some(child(
+        Kind::NetworkPolicy,
+        object,
+        Some(&plan.owner.reference),
+    ))
 }

@@ -4,11 +4,11 @@
 //! period that covers the drain.
 
 use super::engine::{ENGINE_PORT, EngineCommand, KV_EVENTS_PORT, MODEL_MOUNT};
-use super::names::{self, Role};
-use super::{Images, ModelVolume};
-use crate::api::resolve::launch;
-use crate::api::{DiscoveryBackend, EngineKind, InferaDeploymentSpec};
+use super::names;
+use crate::plan::{Discovery, KvdPlan, ModelVolume, Plan, RolePlan};
+use infera_engine_prep::Launch;
 use infera_proto::sidecar::{DRAIN_TOKEN_ENV, DRAIN_TOKEN_HEADER};
+use infera_proto::worker::EngineKind;
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
     HTTPGetAction, HTTPHeader, HostPathVolumeSource, Lifecycle, LifecycleHandler,
@@ -164,17 +164,13 @@ fn kvd_security(nvme: bool) -> SecurityContext {
 
 /// The engine container's resources: the user's CPU and memory plus GPUs and RDMA
 /// devices (extended resources: requests equal limits).
-fn engine_resources(
-    spec: &InferaDeploymentSpec,
-    user: Option<&ResourceRequirements>,
-    gpus: u32,
-) -> ResourceRequirements {
-    let mut res = user.cloned().unwrap_or_default();
+fn engine_resources(plan: &Plan, role: &RolePlan) -> ResourceRequirements {
+    let mut res = role.resources.clone().unwrap_or_default();
     let mut extended = BTreeMap::new();
-    if spec.engine.kind != EngineKind::Sim && gpus > 0 {
-        extended.insert("amd.com/gpu".to_owned(), quantity(gpus.to_string()));
+    if role.gpus > 0 {
+        extended.insert("amd.com/gpu".to_owned(), quantity(role.gpus.to_string()));
     }
-    let rdma = &spec.network.rdma;
+    let rdma = &plan.deployment.network.rdma;
     if rdma.enabled {
         extended.insert(rdma.resource_name.clone(), quantity(rdma.count.to_string()));
     }
@@ -191,16 +187,12 @@ fn engine_resources(
     res
 }
 
-fn sidecar_args(
-    spec: &InferaDeploymentSpec,
-    namespace: &str,
-    engine: &EngineCommand,
-) -> Vec<String> {
+fn sidecar_args(plan: &Plan, engine: &EngineCommand) -> Vec<String> {
+    let d = &plan.deployment;
+    let rdma = &d.network.rdma;
     let mut args: Vec<String> = vec![
         // The sidecar's first word: the engine, or `sim`.
-        launch(spec.engine.kind, spec.engine.sim_flavor)
-            .word()
-            .into(),
+        d.launch.word().into(),
         "--attach".into(),
         "--status-port".into(),
         SIDECAR_PORT.to_string(),
@@ -209,27 +201,22 @@ fn sidecar_args(
         "--drain-timeout".into(),
         DRAIN_SECONDS.to_string(),
         "--health-timeout".into(),
-        spec.model.startup_budget_seconds.to_string(),
+        d.model.startup_budget_seconds.to_string(),
     ];
-    match (&spec.discovery.backend, &spec.discovery.etcd) {
-        (DiscoveryBackend::Etcd, Some(etcd)) => {
-            args.extend(super::secrets::etcd_client_args(etcd));
-        }
-        _ => {
+    match &plan.discovery {
+        Discovery::Etcd(etcd) => args.extend(super::secrets::etcd_client_args(etcd)),
+        Discovery::Kubernetes => {
             args.extend(["--discovery-backend".into(), "kubernetes".into()]);
-            args.extend(["--k8s-namespace".into(), namespace.into()]);
+            args.extend(["--k8s-namespace".into(), plan.owner.namespace.clone()]);
         }
     }
-    args.extend(super::nats_args(spec));
-    if let Some(gid) = spec
-        .network
-        .rdma
-        .gid_index
-        .filter(|_| spec.network.rdma.enabled)
-    {
+    if let Some(url) = &plan.nats_url {
+        args.extend(super::gateway_flags::nats_flags(url));
+    }
+    if let Some(gid) = rdma.gid_index.filter(|_| rdma.enabled) {
         args.extend(["--gid-index".into(), gid.to_string()]);
     }
-    if !spec.network.rdma.enabled {
+    if !rdma.enabled {
         // Without RDMA the KV moves over TCP: say so rather than have the sidecar refuse.
         args.push("--disaggregation-allow-tcp".into());
     }
@@ -240,24 +227,14 @@ fn sidecar_args(
 /// Inputs of one role's pod template.
 #[derive(Debug, Clone, Copy)]
 pub struct PodInput<'a> {
-    /// Deployment name.
-    pub instance: &'a str,
-    /// Namespace.
-    pub namespace: &'a str,
+    /// The deployment's plan.
+    pub plan: &'a Plan,
     /// The role.
-    pub role: Role,
+    pub role: &'a RolePlan,
     /// Leader or follower of a multi-node worker.
     pub place: NodePlace,
     /// The engine command of the role.
     pub engine: &'a EngineCommand,
-    /// GPUs per pod.
-    pub gpus: u32,
-    /// CPU and memory of the engine container.
-    pub resources: Option<&'a ResourceRequirements>,
-    /// The model volume.
-    pub model: &'a ModelVolume,
-    /// Images.
-    pub images: &'a Images,
     /// What the `preStop` hook presents to the sidecar's `/drain` (`drain_token`).
     pub drain_token: &'a str,
 }
@@ -273,13 +250,13 @@ pub fn drain_token(owner_uid: &str) -> String {
 }
 
 /// The sidecar's mounts: the model, and its API token or etcd's Secrets.
-fn sidecar_mounts(spec: &InferaDeploymentSpec) -> Vec<VolumeMount> {
+fn sidecar_mounts(plan: &Plan) -> Vec<VolumeMount> {
     let mut mounts = vec![model_mount()];
-    if kubernetes_discovery(spec) {
+    if kubernetes_discovery(plan) {
         mounts.push(super::token::mount());
     }
     mounts.extend(
-        super::secrets::etcd_secrets(spec)
+        super::secrets::etcd_secrets(&plan.discovery)
             .into_iter()
             .map(|(_, m)| m),
     );
@@ -287,37 +264,38 @@ fn sidecar_mounts(spec: &InferaDeploymentSpec) -> Vec<VolumeMount> {
 }
 
 /// Whether the sidecar registers through its Pod's annotation (and so holds a token).
-fn kubernetes_discovery(spec: &InferaDeploymentSpec) -> bool {
-    spec.discovery.backend == DiscoveryBackend::Kubernetes
+fn kubernetes_discovery(plan: &Plan) -> bool {
+    plan.discovery == Discovery::Kubernetes
 }
 
-fn volumes(spec: &InferaDeploymentSpec, model: &ModelVolume) -> Vec<Volume> {
+fn volumes(plan: &Plan) -> Vec<Volume> {
+    let d = &plan.deployment;
     let mut v = vec![
         Volume {
             name: "dshm".into(),
             empty_dir: Some(EmptyDirVolumeSource {
                 medium: Some("Memory".into()),
-                size_limit: Some(spec.engine.shared_memory_size.clone()),
+                size_limit: Some(d.engine.shared_memory_size.clone()),
             }),
             ..Default::default()
         },
-        model_volume(model),
+        model_volume(&d.model.volume),
     ];
-    if kubernetes_discovery(spec) {
+    if kubernetes_discovery(plan) {
         v.push(super::token::volume());
     }
     v.extend(
-        super::secrets::etcd_secrets(spec)
+        super::secrets::etcd_secrets(&plan.discovery)
             .into_iter()
             .map(|(v, _)| v),
     );
-    if spec.kv_cache.enabled {
+    if let Some(kvd) = &d.kvd {
         v.push(Volume {
             name: "kvd-socket".into(),
             empty_dir: Some(EmptyDirVolumeSource::default()),
             ..Default::default()
         });
-        if let Some(nvme) = &spec.kv_cache.nvme {
+        if let Some(nvme) = &kvd.nvme {
             v.push(Volume {
                 name: "kvd-nvme".into(),
                 host_path: Some(HostPathVolumeSource {
@@ -373,9 +351,8 @@ fn mount(name: &str, path: &str) -> VolumeMount {
 
 /// kvd's flags (the earlier daemon's): the RAM budget is both `--max-bytes` and the
 /// shared arena engines map; NVMe is the `long` tier; the distributed tier is its URL.
-fn kvd_args(spec: &InferaDeploymentSpec) -> Vec<String> {
-    let kv = &spec.kv_cache;
-    let ram = super::quantity::bytes(&kv.ram.0).unwrap_or(0).to_string();
+fn kvd_args(kv: &KvdPlan) -> Vec<String> {
+    let ram = kv.ram_bytes.to_string();
     let mut args = vec![
         "--socket".into(),
         format!("{KVD_SOCKET_DIR}/kvd.sock"),
@@ -390,12 +367,11 @@ fn kvd_args(spec: &InferaDeploymentSpec) -> Vec<String> {
         ram,
     ];
     if let Some(nvme) = &kv.nvme {
-        let bytes = super::quantity::bytes(&nvme.size.0).unwrap_or(0);
         args.extend([
             "--long-path".into(),
             KVD_NVME_DIR.into(),
             "--long-bytes".into(),
-            bytes.to_string(),
+            nvme.bytes.to_string(),
         ]);
     }
     if let Some(url) = &kv.remote_url {
@@ -404,16 +380,15 @@ fn kvd_args(spec: &InferaDeploymentSpec) -> Vec<String> {
     args
 }
 
-fn kvd_container(spec: &InferaDeploymentSpec, images: &Images) -> Container {
-    let kv = &spec.kv_cache;
+fn kvd_container(kv: &KvdPlan, image: &str) -> Container {
     let mut mounts = vec![mount("kvd-socket", KVD_SOCKET_DIR)];
     if kv.nvme.is_some() {
         mounts.push(mount("kvd-nvme", KVD_NVME_DIR));
     }
     Container {
         name: "kvd".into(),
-        image: Some(images.kvd.clone()),
-        args: Some(kvd_args(spec)),
+        image: Some(image.to_owned()),
+        args: Some(kvd_args(kv)),
         // Declared so hostNetwork pods of one node do not collide on it unseen.
         ports: Some(vec![ContainerPort {
             name: Some("kvd-metrics".into()),
@@ -439,7 +414,7 @@ fn kvd_container(spec: &InferaDeploymentSpec, images: &Images) -> Container {
     }
 }
 
-fn sidecar_container(spec: &InferaDeploymentSpec, input: &PodInput<'_>) -> Container {
+fn sidecar_container(input: &PodInput<'_>) -> Container {
     let mut env = identity_env();
     env.extend(plain_env(&input.engine.env));
     env.push(EnvVar {
@@ -449,8 +424,8 @@ fn sidecar_container(spec: &InferaDeploymentSpec, input: &PodInput<'_>) -> Conta
     });
     Container {
         name: "sidecar".into(),
-        image: Some(input.images.sidecar.clone()),
-        args: Some(sidecar_args(spec, input.namespace, input.engine)),
+        image: Some(input.plan.images.sidecar.clone()),
+        args: Some(sidecar_args(input.plan, input.engine)),
         env: Some(dedupe_env(env)),
         // A native sidecar: started before the engine, stopped after it.
         restart_policy: Some("Always".into()),
@@ -459,7 +434,7 @@ fn sidecar_container(spec: &InferaDeploymentSpec, input: &PodInput<'_>) -> Conta
             container_port: i32::from(SIDECAR_PORT),
             ..Default::default()
         }]),
-        volume_mounts: Some(sidecar_mounts(spec)),
+        volume_mounts: Some(sidecar_mounts(input.plan)),
         security_context: Some(restricted_security()),
         resources: Some(ResourceRequirements {
             requests: Some(BTreeMap::from([
@@ -473,12 +448,14 @@ fn sidecar_container(spec: &InferaDeploymentSpec, input: &PodInput<'_>) -> Conta
     }
 }
 
-fn engine_container(spec: &InferaDeploymentSpec, input: &PodInput<'_>) -> Container {
+fn engine_container(input: &PodInput<'_>) -> Container {
+    let plan = input.plan;
+    let d = &plan.deployment;
     let mut env = identity_env();
     env.extend(plain_env(&input.engine.env));
-    env.extend(spec.engine.env.iter().cloned());
+    env.extend(d.engine.env.iter().cloned());
     let mut mounts = vec![mount("dshm", "/dev/shm"), model_mount()];
-    if spec.kv_cache.enabled {
+    if d.kvd.is_some() {
         mounts.push(mount("kvd-socket", KVD_SOCKET_DIR));
         env.push(EnvVar {
             name: "INFERA_KVD_SOCKET".into(),
@@ -486,7 +463,7 @@ fn engine_container(spec: &InferaDeploymentSpec, input: &PodInput<'_>) -> Contai
             ..Default::default()
         });
     }
-    let budget = i32::try_from(spec.model.startup_budget_seconds).unwrap_or(i32::MAX);
+    let budget = i32::try_from(d.model.startup_budget_seconds).unwrap_or(i32::MAX);
     let leader = input.place == NodePlace::Leader;
     let startup_failures = ((budget + STARTUP_PERIOD_SECONDS - 1) / STARTUP_PERIOD_SECONDS).max(1);
     let mut ports = vec![ContainerPort {
@@ -500,17 +477,23 @@ fn engine_container(spec: &InferaDeploymentSpec, input: &PodInput<'_>) -> Contai
         ..Default::default()
     });
     let mut command = input.engine.command.clone();
-    if input.place == NodePlace::Follower && spec.engine.kind != EngineKind::Sglang {
+    if input.place == NodePlace::Follower && d.launch != Launch::Engine(EngineKind::Sglang) {
         // vLLM and ATOM follower nodes run headless (no API server of their own).
         command.push("--headless".into());
     }
     Container {
         name: "engine".into(),
-        image: Some(super::engine_image(spec, input.images)),
+        // The API server requires an image for every kind but sim.
+        image: Some(
+            d.engine
+                .image
+                .clone()
+                .unwrap_or_else(|| plan.images.sim.clone()),
+        ),
         command: Some(command),
         env: Some(dedupe_env(env)),
         ports: Some(ports),
-        resources: Some(engine_resources(spec, input.resources, input.gpus)),
+        resources: Some(engine_resources(plan, input.role)),
         volume_mounts: Some(mounts),
         startup_probe: leader.then(|| {
             probe(
@@ -535,7 +518,7 @@ fn engine_container(spec: &InferaDeploymentSpec, input: &PodInput<'_>) -> Contai
             }),
             ..Default::default()
         }),
-        security_context: engine_security(spec),
+        security_context: engine_security(d.launch, d.network.rdma.enabled),
         ..Default::default()
     }
 }
@@ -546,11 +529,11 @@ fn engine_container(spec: &InferaDeploymentSpec, input: &PodInput<'_>) -> Contai
 /// without `CAP_SYS_NICE`); with RDMA they add `IPC_LOCK` to pin memory for the NIC.
 /// Pod Security: "restricted" for simulated engines with a PVC or Hugging Face model,
 /// "baseline" for real ones without RDMA, "privileged" with it (or with a hostPath).
-fn engine_security(spec: &InferaDeploymentSpec) -> Option<SecurityContext> {
-    if spec.engine.kind == EngineKind::Sim {
+fn engine_security(launch: Launch, rdma: bool) -> Option<SecurityContext> {
+    if launch.is_sim() {
         return Some(restricted_security());
     }
-    spec.network.rdma.enabled.then(|| SecurityContext {
+    rdma.then(|| SecurityContext {
         capabilities: Some(Capabilities {
             add: Some(vec!["IPC_LOCK".into()]),
             ..Default::default()
@@ -560,33 +543,34 @@ fn engine_security(spec: &InferaDeploymentSpec) -> Option<SecurityContext> {
 }
 
 /// The pod template of one role.
-pub fn pod_template(spec: &InferaDeploymentSpec, input: &PodInput<'_>) -> PodTemplateSpec {
+pub fn build_pod_template(input: &PodInput<'_>) -> PodTemplateSpec {
+    let plan = input.plan;
+    let d = &plan.deployment;
+    let instance = plan.owner.name.as_str();
     let mut init = Vec::new();
-    if spec.kv_cache.enabled {
-        init.push(kvd_container(spec, input.images));
+    if let Some(kvd) = &d.kvd {
+        init.push(kvd_container(kvd, &plan.images.kvd));
     }
     if input.place == NodePlace::Leader {
-        init.push(sidecar_container(spec, input));
+        init.push(sidecar_container(input));
     }
-    let mut labels = names::role_labels(input.instance, input.role);
-    labels.insert(
-        "infera.amd.com/engine".into(),
-        spec.engine.kind.as_str().into(),
-    );
-    let sched = &spec.scheduling;
-    let host_network = spec.network.rdma.enabled && spec.network.rdma.host_network;
+    let mut labels = names::role_labels(instance, input.role.role);
+    // The manifest's word: the engine, or `sim`.
+    labels.insert("infera.amd.com/engine".into(), d.launch.word().into());
+    let sched = &d.scheduling;
+    let host_network = d.network.rdma.enabled && d.network.rdma.host_network;
     PodTemplateSpec {
         metadata: Some(ObjectMeta {
             labels: Some(labels),
             ..Default::default()
         }),
         spec: Some(PodSpec {
-            service_account_name: Some(names::service_account(input.instance)),
+            service_account_name: Some(names::service_account(instance)),
             // The sidecar alone gets a token (`token`), and only for Kubernetes discovery.
             automount_service_account_token: Some(false),
             init_containers: (!init.is_empty()).then_some(init),
-            containers: vec![engine_container(spec, input)],
-            volumes: Some(volumes(spec, input.model)),
+            containers: vec![engine_container(input)],
+            volumes: Some(volumes(plan)),
             termination_grace_period_seconds: Some(DRAIN_SECONDS + GRACE_MARGIN_SECONDS),
             // Service env vars would collide with engine settings (a Service named
             // `vllm` sets VLLM_PORT).

@@ -2,8 +2,9 @@
 //! on them. Each is mounted whole (no `subPath`), so the kubelet updates the files in
 //! place when the Secret changes, and the programs read them again.
 
-use super::{Child, Ctx, EtcdClientTls, Kind, child, names};
-use crate::api::{DiscoveryBackend, EtcdSpec, InferaDeploymentSpec, SecretKeyRef};
+use super::{Child, Kind, child, names};
+use crate::api::{EtcdSpec, SecretKeyRef};
+use crate::plan::{Discovery, EtcdClientTls, Plan};
 use k8s_openapi::api::core::v1::{KeyToPath, Secret, SecretVolumeSource, Volume, VolumeMount};
 
 /// Volume `name` of Secret `secret` (only `items`, renamed, when given) at `dir`.
@@ -71,10 +72,10 @@ pub fn etcd_client_args(etcd: &EtcdSpec) -> Vec<String> {
 }
 
 /// The Secrets the etcd flags name, for a deployment discovering through etcd.
-pub fn etcd_secrets(spec: &InferaDeploymentSpec) -> Vec<(Volume, VolumeMount)> {
-    match (&spec.discovery.backend, &spec.discovery.etcd) {
-        (DiscoveryBackend::Etcd, Some(etcd)) => etcd_client_volumes(etcd),
-        _ => Vec::new(),
+pub fn etcd_secrets(discovery: &Discovery) -> Vec<(Volume, VolumeMount)> {
+    match discovery {
+        Discovery::Etcd(etcd) => etcd_client_volumes(etcd),
+        Discovery::Kubernetes => Vec::new(),
     }
 }
 
@@ -101,11 +102,11 @@ const TLS_KEYS: [&str; 3] = ["ca.crt", "tls.crt", "tls.key"];
 /// The deployment's copy of the cluster etcd's client certificate (those keys of `data`),
 /// owned by the deployment: its gateways and sidecars can only mount Secrets of their
 /// own namespace. Re-applied on every reconcile, so a renewed certificate is copied.
-pub fn etcd_client_copy(ctx: &Ctx<'_>, data: &EtcdClientTls) -> Child {
+pub fn build_etcd_client_copy(plan: &Plan, data: &EtcdClientTls) -> Child {
     let secret = Secret {
-        metadata: ctx.meta(
-            names::etcd_client_secret(ctx.name),
-            names::instance_labels(ctx.name, "etcd-client"),
+        metadata: plan.owner.meta(
+            names::etcd_client_secret(&plan.owner.name),
+            names::instance_labels(&plan.owner.name, "etcd-client"),
         ),
         type_: Some("kubernetes.io/tls".into()),
         data: Some(
@@ -116,5 +117,5 @@ pub fn etcd_client_copy(ctx: &Ctx<'_>, data: &EtcdClientTls) -> Child {
         ),
         ..Default::default()
     };
-    child(Kind::Secret, secret, Some(ctx.owner))
+    child(Kind::Secret, secret, Some(&plan.owner.reference))
 }

@@ -1,5 +1,6 @@
 use super::*;
 use crate::api::{InferaDeployment, PDTopology};
+use crate::plan::{EtcdClientTls, Images};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 
@@ -915,7 +916,7 @@ fn a_cluster_etcd_with_tls_is_reached_with_a_copy_of_its_client_certificate() {
         "{e}"
     );
 
-    let data: crate::render::EtcdClientTls = ["ca.crt", "tls.crt", "tls.key", "ca.key"]
+    let data: EtcdClientTls = ["ca.crt", "tls.crt", "tls.key", "ca.key"]
         .into_iter()
         .map(|k| (k.to_owned(), k8s_openapi::ByteString(k.as_bytes().to_vec())))
         .collect();

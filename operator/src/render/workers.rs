@@ -5,36 +5,17 @@
 
 use super::engine::{ENGINE_PORT, EngineCommand};
 use super::names::{self, Role};
-use super::pod::{NodePlace, PodInput, drain_token, pod_template};
-use super::{Child, Ctx, Kind, ModelVolume, child};
-use crate::api::InferaDeploymentSpec;
+use super::pod::{NodePlace, PodInput, build_pod_template, drain_token};
+use super::{Child, Kind, child};
+use crate::plan::{Plan, RolePlan};
 use k8s_openapi::api::apps::v1::{
     RollingUpdateStatefulSetStrategy, StatefulSet, StatefulSetSpec, StatefulSetUpdateStrategy,
 };
-use k8s_openapi::api::core::v1::{ResourceRequirements, Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::json;
-
-/// What one role runs.
-#[derive(Debug, Clone, Copy)]
-pub struct RoleSet<'a> {
-    /// The role.
-    pub role: Role,
-    /// Workers.
-    pub replicas: i32,
-    /// Nodes per worker (more than one: LeaderWorkerSet).
-    pub nodes: u32,
-    /// The engine command.
-    pub engine: &'a EngineCommand,
-    /// GPUs per pod.
-    pub gpus: u32,
-    /// CPU and memory of the engine container.
-    pub resources: Option<&'a ResourceRequirements>,
-    /// The model volume.
-    pub model: &'a ModelVolume,
-}
 
 /// A role's objects and which kind runs its workers.
 #[derive(Debug, Clone)]
@@ -47,15 +28,15 @@ pub struct BuiltRole {
     pub children: Vec<Child>,
 }
 
-fn headless_service(ctx: &Ctx<'_>, role: Role) -> Child {
+fn headless_service(plan: &Plan, role: Role) -> Child {
     let service = Service {
-        metadata: ctx.meta(
-            names::workers(ctx.name, role),
-            names::role_labels(ctx.name, role),
+        metadata: plan.owner.meta(
+            names::workers(&plan.owner.name, role),
+            names::role_labels(&plan.owner.name, role),
         ),
         spec: Some(ServiceSpec {
             cluster_ip: Some("None".into()),
-            selector: Some(names::role_selector(ctx.name, role)),
+            selector: Some(names::role_selector(&plan.owner.name, role)),
             // Peers find each other (bootstrap, rendezvous) before the engine is ready.
             publish_not_ready_addresses: Some(true),
             ports: Some(vec![ServicePort {
@@ -68,66 +49,68 @@ fn headless_service(ctx: &Ctx<'_>, role: Role) -> Child {
         }),
         ..Default::default()
     };
-    child(Kind::Service, service, Some(ctx.owner))
+    child(Kind::Service, service, Some(&plan.owner.reference))
 }
 
-fn disruption_budget(ctx: &Ctx<'_>, role: Role) -> Child {
+fn disruption_budget(plan: &Plan, role: Role) -> Child {
     let pdb = PodDisruptionBudget {
-        metadata: ctx.meta(
-            names::workers(ctx.name, role),
-            names::role_labels(ctx.name, role),
+        metadata: plan.owner.meta(
+            names::workers(&plan.owner.name, role),
+            names::role_labels(&plan.owner.name, role),
         ),
         spec: Some(PodDisruptionBudgetSpec {
             max_unavailable: Some(IntOrString::Int(1)),
             selector: Some(LabelSelector {
-                match_labels: Some(names::role_selector(ctx.name, role)),
+                match_labels: Some(names::role_selector(&plan.owner.name, role)),
                 ..Default::default()
             }),
             ..Default::default()
         }),
         ..Default::default()
     };
-    child(Kind::PodDisruptionBudget, pdb, Some(ctx.owner))
+    child(Kind::PodDisruptionBudget, pdb, Some(&plan.owner.reference))
 }
 
-/// The objects of one role.
-pub fn role_set(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec, set: &RoleSet<'_>) -> BuiltRole {
-    let name = names::workers(ctx.name, set.role);
-    let drain_token = drain_token(&ctx.owner.uid);
+/// The objects of one role: `replicas` workers running `engine`.
+pub fn build_role_set(
+    plan: &Plan,
+    role: &RolePlan,
+    replicas: i32,
+    engine: &EngineCommand,
+) -> BuiltRole {
+    let instance = plan.owner.name.as_str();
+    let name = names::workers(instance, role.role);
+    let drain_token = drain_token(&plan.owner.reference.uid);
     let input = |place| PodInput {
-        drain_token: &drain_token,
-        instance: ctx.name,
-        namespace: ctx.namespace,
-        role: set.role,
+        plan,
+        role,
         place,
-        engine: set.engine,
-        gpus: set.gpus,
-        resources: set.resources,
-        model: set.model,
-        images: ctx.images,
+        engine,
+        drain_token: &drain_token,
     };
-    let labels = names::role_labels(ctx.name, set.role);
-    let (kind, workload) = if set.nodes > 1 {
-        let leader = pod_template(spec, &input(NodePlace::Leader));
-        let worker = pod_template(spec, &input(NodePlace::Follower));
+    let nodes = role.parallelism.nodes_per_worker;
+    let labels = names::role_labels(instance, role.role);
+    let (kind, workload) = if nodes > 1 {
+        let leader = build_pod_template(&input(NodePlace::Leader));
+        let worker = build_pod_template(&input(NodePlace::Follower));
         let object = json!({
             "apiVersion": "leaderworkerset.x-k8s.io/v1",
             "kind": "LeaderWorkerSet",
             "metadata": {
                 "name": name,
-                "namespace": ctx.namespace,
+                "namespace": plan.owner.namespace,
                 "labels": labels,
-                "ownerReferences": [ctx.owner],
+                "ownerReferences": [plan.owner.reference],
             },
             "spec": {
-                "replicas": set.replicas,
+                "replicas": replicas,
                 "startupPolicy": "LeaderCreated",
                 "rolloutStrategy": {
                     "type": "RollingUpdate",
                     "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0},
                 },
                 "leaderWorkerTemplate": {
-                    "size": set.nodes,
+                    "size": nodes,
                     "restartPolicy": "RecreateGroupOnPodRestart",
                     "leaderTemplate": leader,
                     "workerTemplate": worker,
@@ -144,12 +127,12 @@ pub fn role_set(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec, set: &RoleSet<'_>) -
         )
     } else {
         let sts = StatefulSet {
-            metadata: ctx.meta(name.clone(), labels),
+            metadata: plan.owner.meta(name.clone(), labels),
             spec: Some(StatefulSetSpec {
-                replicas: Some(set.replicas),
+                replicas: Some(replicas),
                 service_name: Some(name.clone()),
                 selector: LabelSelector {
-                    match_labels: Some(names::role_selector(ctx.name, set.role)),
+                    match_labels: Some(names::role_selector(instance, role.role)),
                     ..Default::default()
                 },
                 // Model loads take minutes: start every worker at once.
@@ -161,23 +144,23 @@ pub fn role_set(ctx: &Ctx<'_>, spec: &InferaDeploymentSpec, set: &RoleSet<'_>) -
                         ..Default::default()
                     }),
                 }),
-                template: pod_template(spec, &input(NodePlace::Leader)),
+                template: build_pod_template(&input(NodePlace::Leader)),
                 ..Default::default()
             }),
             ..Default::default()
         };
         (
             Kind::StatefulSet,
-            child(Kind::StatefulSet, sts, Some(ctx.owner)),
+            child(Kind::StatefulSet, sts, Some(&plan.owner.reference)),
         )
     };
     BuiltRole {
         kind,
         name,
         children: vec![
-            headless_service(ctx, set.role),
+            headless_service(plan, role.role),
             workload,
-            disruption_budget(ctx, set.role),
+            disruption_budget(plan, role.role),
         ],
     }
 }
