@@ -113,7 +113,12 @@ pub const USAGE: &str = "Infera flags (each also as the environment variable in 
   --sysfs-root PATH           where sysfs is [INFERA_SYSFS_ROOT] (/sys)
   --kv-event-transport zmq|nats   nats: relay the engine's KV events to JetStream [INFERA_KV_EVENT_TRANSPORT] (zmq)
   --nats-server URL           NATS for the relay [INFERA_NATS_SERVER] (nats://127.0.0.1:4222)
-Every other argument goes to the engine unchanged; the engine's --port builds the worker URL.";
+Every other argument goes to the engine unchanged; the engine's --port (ATOM: --server-port)
+builds the worker URL.
+
+infera-engine-sidecar node-env --engine E [--rdma] [--model-link NAME=PATH]: writes what the
+engine needs from this node as a sh file for an engine container to source (an engine pod's
+init container); `node-env --help` says more.";
 
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_owned())

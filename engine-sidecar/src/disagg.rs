@@ -89,6 +89,7 @@ pub fn detect_role(
     let Some(mode) = leg(config.get("kv_role").and_then(Value::as_str))? else {
         return Ok(None);
     };
+    let config = pd_connector(config);
     let connector = config
         .get("kv_connector")
         .and_then(Value::as_str)
@@ -121,6 +122,35 @@ pub fn detect_role(
         bootstrap_port: 8998,
         tp_size,
     }))
+}
+
+/// The prefill/decode connector of a vLLM `MultiConnector` (e.g. kvd's connector beside
+/// Mooncake): the first inner one that is not kvd's, with the outer `engine_id` when it
+/// names none (vLLM gives the inner connectors the outer one's). Others: as given.
+fn pd_connector(config: Value) -> Value {
+    if config.get("kv_connector").and_then(Value::as_str) != Some("MultiConnector") {
+        return config;
+    }
+    let inner = config
+        .pointer("/kv_connector_extra_config/connectors")
+        .and_then(Value::as_array)
+        .and_then(|list| {
+            list.iter().find(|c| {
+                c.get("kv_connector").and_then(Value::as_str) != Some("InferaKvdConnector")
+            })
+        })
+        .cloned();
+    match inner {
+        Some(mut c) => {
+            if c.get("engine_id").is_none()
+                && let (Some(map), Some(id)) = (c.as_object_mut(), config.get("engine_id"))
+            {
+                map.insert("engine_id".into(), id.clone());
+            }
+            c
+        }
+        None => config,
+    }
 }
 
 fn port_of(v: Option<&Value>, default: u64) -> u64 {
@@ -250,6 +280,33 @@ mod tests {
         assert_eq!(
             build_disagg_meta(&vm, "10.0.0.22", 8000, 1)["params"],
             fixture_params("vllm-mooncake")
+        );
+        // With kvd beside it (vLLM's MultiConnector, the engine id outside): the same record.
+        let multi = r#"{"kv_connector":"MultiConnector","kv_role":"kv_producer","engine_id":"eng-42","kv_connector_extra_config":{"connectors":[{"kv_connector":"InferaKvdConnector","kv_role":"kv_both","kv_connector_module_path":"infera.engine.vllm.kvd_connector"},{"kv_connector":"MooncakeConnector","kv_role":"kv_producer","kv_connector_extra_config":{"mooncake_protocol":"rdma"}}]}}"#;
+        let vk = detect_role(
+            EngineKind::Vllm,
+            &args(&["--kv-transfer-config", multi]),
+            false,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (vk.mode, vk.protocol),
+            (DisaggMode::Prefill, "vllm-mooncake")
+        );
+        assert_eq!(
+            build_disagg_meta(&vk, "10.0.0.22", 8000, 1)["params"],
+            fixture_params("vllm-mooncake")
+        );
+        let kvd_only = r#"{"kv_connector":"InferaKvdConnector","kv_role":"kv_both"}"#;
+        assert_eq!(
+            detect_role(
+                EngineKind::Vllm,
+                &args(&["--kv-transfer-config", kvd_only]),
+                false
+            ),
+            Ok(None),
+            "kvd alone is a mixed worker"
         );
         let mori = r#"{"kv_connector":"MoRIIOConnector","kv_role":"kv_producer","engine_id":"eng-p","kv_connector_extra_config":{"handshake_port":6301,"notify_port":61005,"tp_size":8}}"#;
         let mw = detect_role(

@@ -19,6 +19,9 @@ impl EngineProcess {
     /// Spawns the prepared engine in a new process group; its output is inherited.
     pub fn launch(prepared: &PreparedEngine, base_url: String) -> std::io::Result<Self> {
         let mut cmd = Command::new(&prepared.program);
+        for name in &prepared.unset {
+            cmd.env_remove(name);
+        }
         cmd.args(&prepared.args)
             .envs(prepared.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())

@@ -4,6 +4,7 @@
 
 use infera_engine_prep::Launch;
 pub use infera_engine_prep::flags::flag_value;
+use infera_engine_prep::prepare::http_port_flag;
 use infera_proto::worker::EngineKind;
 use serde_json::Value;
 
@@ -48,10 +49,11 @@ pub fn endpoint_port(endpoint: &str) -> Option<u16> {
 
 /// Reads the facts; the model name falls back to the first positional argument.
 pub fn read_engine_facts(launch: Launch, args: &[String]) -> Result<EngineFacts, String> {
-    let port = match flag_value(args, &["--port"]) {
+    let port_flag = http_port_flag(launch);
+    let port = match flag_value(args, &[port_flag]) {
         Some(p) => p
             .parse()
-            .map_err(|_| format!("engine flag --port {p:?} is not a port"))?,
+            .map_err(|_| format!("engine flag {port_flag} {p:?} is not a port"))?,
         None => default_port(launch),
     };
     let positional = args.first().filter(|a| !a.starts_with('-')).cloned();

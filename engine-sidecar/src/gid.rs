@@ -15,8 +15,36 @@ fn read(path: &Path) -> Option<String> {
         .map(|s| s.trim().to_owned())
 }
 
+/// A RoCEv2 GID table entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoceGid {
+    /// Its index (what `MC_GID_INDEX` and the others name).
+    pub index: u32,
+    /// Its value, e.g. `0000:0000:0000:0000:0000:ffff:0a00:0005`.
+    pub gid: String,
+}
+
+impl RoceGid {
+    /// The IPv4 address an IPv4-mapped GID carries (the rail's address).
+    pub fn ipv4(&self) -> Option<std::net::Ipv4Addr> {
+        let rest = self.gid.strip_prefix("0000:0000:0000:0000:0000:ffff:")?;
+        let (hi, lo) = rest.split_once(':')?;
+        let hi = u16::from_str_radix(hi, 16).ok()?;
+        let lo = u16::from_str_radix(lo, 16).ok()?;
+        Some(std::net::Ipv4Addr::from(
+            (u32::from(hi) << 16) | u32::from(lo),
+        ))
+    }
+}
+
 /// The RoCEv2 GID index of the first RDMA device and port that has one.
 pub fn detect_gid_index(sysfs_root: &Path) -> Option<u32> {
+    detect_rocev2_gid(sysfs_root).map(|g| g.index)
+}
+
+/// The RoCEv2 GID of the first RDMA device and port that has one; ports whose `state`
+/// says they are not ACTIVE are skipped.
+pub fn detect_rocev2_gid(sysfs_root: &Path) -> Option<RoceGid> {
     let base = sysfs_root.join("class/infiniband");
     let mut devices: Vec<_> = std::fs::read_dir(&base)
         .ok()?
@@ -32,6 +60,9 @@ pub fn detect_gid_index(sysfs_root: &Path) -> Option<u32> {
             .collect();
         ports.sort();
         for port in ports {
+            if read(&port.join("state")).is_some_and(|state| !state.contains("ACTIVE")) {
+                continue;
+            }
             let mut v2: Vec<(u32, String)> = Vec::new();
             let Ok(types) = std::fs::read_dir(port.join("gid_attrs/types")) else {
                 continue;
@@ -55,8 +86,11 @@ pub fn detect_gid_index(sysfs_root: &Path) -> Option<u32> {
             let ipv4_mapped = v2
                 .iter()
                 .find(|(_, gid)| gid.starts_with("0000:0000:0000:0000:0000:ffff:"));
-            if let Some((index, _)) = ipv4_mapped.or(v2.first()) {
-                return Some(*index);
+            if let Some((index, gid)) = ipv4_mapped.or(v2.first()) {
+                return Some(RoceGid {
+                    index: *index,
+                    gid: gid.clone(),
+                });
             }
         }
     }
@@ -115,6 +149,21 @@ mod tests {
             "0000:0000:0000:0000:0000:ffff:0a00:0005",
         );
         assert_eq!(detect_gid_index(dir.path()), Some(3));
+        let found = detect_rocev2_gid(dir.path()).unwrap();
+        assert_eq!(found.ipv4(), Some(std::net::Ipv4Addr::new(10, 0, 0, 5)));
+    }
+
+    #[test]
+    fn ports_that_are_down_are_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let v4 = "0000:0000:0000:0000:0000:ffff:0a00:0105";
+        gid(dir.path(), "ionic_0", 1, 1, "RoCE v2", v4);
+        gid(dir.path(), "ionic_1", 1, 2, "RoCE v2", v4);
+        let port = dir.path().join("class/infiniband/ionic_0/ports/1/state");
+        std::fs::write(port, "1: DOWN\n").unwrap();
+        let up = dir.path().join("class/infiniband/ionic_1/ports/1/state");
+        std::fs::write(up, "4: ACTIVE\n").unwrap();
+        assert_eq!(detect_gid_index(dir.path()), Some(2));
     }
 
     #[test]

@@ -9,6 +9,9 @@
 //!   `infera_engine_prep`, which the operator shares.
 //! - [`engine`]: the engine process (health, page size, load, stop).
 //! - [`record`]: the worker record; [`registration`]: lease, keepalive, re-registration.
+//! - [`node_env`]: what the engine needs from its node (GID index, rail address,
+//!   peer memory), for a launched engine or, as `infera-engine-sidecar node-env` in an
+//!   init container, for the engine container of a pod.
 
 pub mod annotation;
 pub mod cli;
@@ -16,6 +19,7 @@ pub mod disagg;
 pub mod engine;
 pub mod engine_args;
 pub mod gid;
+pub mod node_env;
 pub mod record;
 pub mod registration;
 pub mod relay;

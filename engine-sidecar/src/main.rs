@@ -3,11 +3,13 @@
 //! Exit codes: 0 clean shutdown; 2 bad command line or configuration; 3 the engine never
 //! became healthy; 4 the engine exited, or stopped answering `/health`, on its own.
 
-use infera_engine_prep::prepare::prepare_engine;
+use infera_engine_prep::Launch;
+use infera_engine_prep::prepare::{ATOM_KV_EVENTS_ENV, PrepareInput, prepare_engine};
 use infera_engine_sidecar::cli::{CliError, SidecarArgs, USAGE, parse_args};
 use infera_engine_sidecar::disagg::{DisaggRole, detect_role, preflight};
 use infera_engine_sidecar::engine::EngineProcess;
 use infera_engine_sidecar::engine_args::read_engine_facts;
+use infera_engine_sidecar::node_env::{self, NodeEnvArgs, run_node_env};
 use infera_engine_sidecar::record::build_record;
 use infera_engine_sidecar::registration::{Registration, RegistrationState, run_registration};
 use infera_engine_sidecar::relay::{RelayCounters, connect_jetstream, relay_rank};
@@ -47,6 +49,29 @@ async fn main() {
     std::process::exit(run().await);
 }
 
+/// `node-env`: the engine pod's init container (see `node_env`).
+fn node_env(argv: &[String]) -> i32 {
+    use clap::Parser;
+    let args = match NodeEnvArgs::try_parse_from(argv) {
+        Ok(a) => a,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return code;
+        }
+    };
+    match run_node_env(&args) {
+        Ok(text) => {
+            eprintln!(
+                "infera-engine-sidecar node-env: wrote {}:\n{text}",
+                args.out.display()
+            );
+            0
+        }
+        Err(e) => fail(format!("node-env: {e}"), 2),
+    }
+}
+
 fn fail(message: impl std::fmt::Display, code: i32) -> i32 {
     eprintln!("infera-engine-sidecar: {message}");
     code
@@ -68,18 +93,42 @@ async fn start_engine(
         });
         if gid_index.is_none() {
             tracing::info!(
-                "no RoCEv2 GID found under {}; RDMA GID variables left unset",
+                "no RoCEv2 GID found under {}; RDMA variables left unset",
                 args.sysfs_root
             );
         }
-        let prepared = prepare_engine(
-            args.engine,
-            &args.engine_args,
-            &args.sim_binary,
-            new_kv_port,
+        let mut prepared = prepare_engine(&PrepareInput {
+            launch: args.engine,
+            args: &args.engine_args,
+            sim_binary: &args.sim_binary,
+            kv_events_port: new_kv_port,
             gid_index,
-            &|name| std::env::var_os(name).is_some(),
-        );
+            env_is_set: &|name| std::env::var_os(name).is_some(),
+        });
+        if let (Launch::Engine(engine), Some(_)) = (args.engine, gid_index) {
+            // The node's RDMA facts, as the init container writes them for a pod.
+            let facts = node_env::read_node(
+                std::path::Path::new(&args.sysfs_root),
+                std::path::Path::new("/proc/modules"),
+                &node_env::is_local_address,
+            );
+            let settings = node_env::build_settings(engine, true, &facts);
+            let (add, remove) = node_env::apply(&settings, &|n| {
+                prepared
+                    .env
+                    .iter()
+                    .find(|(k, _)| k == n)
+                    .map(|(_, v)| v.clone())
+                    .or_else(|| std::env::var(n).ok())
+            });
+            for (name, value) in add {
+                prepared
+                    .notes
+                    .push(format!("set {name}={value} (from this node)"));
+                prepared.env.push((name, value));
+            }
+            prepared.unset.extend(remove);
+        }
         for note in &prepared.notes {
             tracing::info!("engine preparation: {note}");
         }
@@ -192,6 +241,9 @@ fn pin_engine_id(role: &mut DisaggRole, args: &mut SidecarArgs, port: u16) {
 
 async fn run() -> i32 {
     let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.first().is_some_and(|a| a == "node-env") {
+        return node_env(&argv);
+    }
     let args = match parse_args(&argv) {
         Ok(a) => a,
         Err(CliError::Help) => {
@@ -208,10 +260,18 @@ async fn run() -> i32 {
             2,
         );
     }
-    let facts = match read_engine_facts(args.engine, &args.engine_args) {
+    let mut facts = match read_engine_facts(args.engine, &args.engine_args) {
         Ok(f) => f,
         Err(e) => return fail(e, 2),
     };
+    if args.engine == Launch::Engine(infera_proto::worker::EngineKind::Atom)
+        && facts.kv_events_port.is_none()
+    {
+        // ATOM has no KV-event flag: the operator names the endpoint in the environment.
+        facts.kv_events_port = std::env::var(ATOM_KV_EVENTS_ENV)
+            .ok()
+            .and_then(|e| infera_engine_sidecar::engine_args::endpoint_port(&e));
+    }
     // Attached engines were configured by the operator; a launched one gets a port.
     let kv_port = match (args.enable_kv_events, facts.kv_events_port, args.attach) {
         (false, _, _) => None,

@@ -600,8 +600,10 @@ fn outside_address() -> std::net::IpAddr {
 /// infera-sim (dropping the launcher words `serve` / `-m <module>`).
 fn fake_engine(dir: &Path, program: &str, flavor: &str) {
     let script = format!(
-        "#!/bin/sh\nprintf '%s\\n' \"$@\" > {dir}/argv\nenv | grep -E '^(MC|NCCL_IB|MORI_IB)_GID_INDEX=' | sort > {dir}/env\n\
-         if [ \"$1\" = serve ]; then shift; fi\nif [ \"$1\" = -m ]; then shift 2; fi\nexec {sim} --engine {flavor} --speedup 20 \"$@\"\n",
+        "#!/bin/sh\nprintf '%s\\n' \"$@\" > {dir}/argv\nenv | grep -E '^(MC_|NCCL_IB_|MORI_IB_|MOONCAKE_|VLLM_|ATOM_|INFERA_ATOM_)' | sort > {dir}/env\n\
+         if [ \"$1\" = serve ]; then shift; fi\nif [ \"$1\" = -m ]; then shift 2; fi\n\
+         for a; do shift; [ \"$a\" = --server-port ] && a=--port; set -- \"$@\" \"$a\"; done\n\
+         exec {sim} --engine {flavor} --speedup 20 \"$@\"\n",
         dir = dir.display(),
         sim = sim_binary().display(),
     );
@@ -646,17 +648,8 @@ async fn prepares_each_engines_argv_and_env_exactly() {
                 "16",
             ],
         ),
-        (
-            "atom",
-            "python3",
-            "atom",
-            vec![
-                "--model",
-                "/models/fixture",
-                "--served-model-name",
-                "fixture-model",
-            ],
-        ),
+        // ATOM answers to the model it loads and listens on --server-port.
+        ("atom", "python3", "atom", vec!["--model", "fixture-model"]),
     ];
     for (engine, program, flavor, user_args) in cases {
         let dir = tempfile::tempdir().unwrap();
@@ -675,7 +668,12 @@ async fn prepares_each_engines_argv_and_env_exactly() {
             sysfs.to_str().unwrap(),
         ]);
         args.extend(user_args.iter().map(|s| s.to_string()));
-        args.extend(["--port".to_owned(), port.to_string()]);
+        let port_flag = if engine == "atom" {
+            "--server-port"
+        } else {
+            "--port"
+        };
+        args.extend([port_flag.to_owned(), port.to_string()]);
         let path = format!(
             "{}:{}",
             dir.path().display(),
@@ -707,18 +705,21 @@ async fn prepares_each_engines_argv_and_env_exactly() {
             })
             .collect();
         let kv = r#"{"publisher":"zmq","endpoint":"tcp://*:<KV>","topic":"kv-events"}"#;
+        let vllm_kv = r#"{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:<KV>","topic":"kv-events"}"#;
         let mut expected: Vec<String> = match engine {
             "vllm" => vec!["serve".into()],
             "sglang" => vec!["-m".into(), "sglang.launch_server".into()],
             _ => vec!["-m".into(), "atom.entrypoints.openai_server".into()],
         };
         expected.extend(user_args.iter().map(|s| s.to_string()));
-        expected.extend([
-            "--port".into(),
-            "<PORT>".into(),
-            "--kv-events-config".into(),
-            kv.into(),
-        ]);
+        expected.extend([port_flag.into(), "<PORT>".into()]);
+        // vLLM publishes only when told to; ATOM has no KV-event flag (an environment
+        // variable names the endpoint for images with the earlier launchers' hook).
+        match engine {
+            "vllm" => expected.extend(["--kv-events-config".into(), vllm_kv.into()]),
+            "sglang" => expected.extend(["--kv-events-config".into(), kv.into()]),
+            _ => {}
+        }
         // SGLang names the FP8 format (its --kv-cache-dtype has no plain `fp8`).
         match engine {
             "vllm" => expected.extend(["--kv-cache-dtype".into(), "fp8".into()]),
@@ -729,11 +730,20 @@ async fn prepares_each_engines_argv_and_env_exactly() {
             expected.push("--enable-metrics".into());
         }
         assert_eq!(argv, expected, "{engine}");
-        let env = std::fs::read_to_string(dir.path().join("env")).unwrap();
-        assert_eq!(
-            env, "MC_GID_INDEX=3\nMORI_IB_GID_INDEX=3\nNCCL_IB_GID_INDEX=3\n",
-            "{engine}"
-        );
+        let env = std::fs::read_to_string(dir.path().join("env"))
+            .unwrap()
+            .replace(&kv_port, "<KV>");
+        // The node's RDMA defaults as node-env writes them for a pod (the rail's
+        // address 10.0.0.5 is not this machine's: no VLLM_HOST_IP).
+        let node = "MC_ENABLE_DEST_DEVICE_AFFINITY=1\nMC_GID_INDEX=3\nMORI_IB_GID_INDEX=3\nNCCL_IB_GID_INDEX=3\n";
+        let expected_env = match engine {
+            "vllm" => {
+                format!("{node}VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1\nVLLM_ROCM_USE_AITER=1\n")
+            }
+            "atom" => format!("INFERA_ATOM_KV_EVENTS_ENDPOINT=tcp://*:<KV>\n{node}"),
+            _ => node.to_owned(),
+        };
+        assert_eq!(env, expected_env, "{engine}");
         assert_eq!(record.engine.as_str(), engine);
         sidecar.kill();
     }

@@ -4,6 +4,8 @@
 
 use super::plan::{Launch, LocalDeployment, LocalPlan, Role};
 use anyhow::{Context, Result, anyhow, bail};
+use infera_engine_prep::prepare::http_port_flag;
+use infera_engine_sidecar::node_env::link_model;
 use infera_engine_sidecar::registration::{Registration, RegistrationState, run_registration};
 use infera_gateway::config::GatewayConfig;
 use infera_gateway::gateway::Gateway;
@@ -204,11 +206,13 @@ fn sidecar_binary() -> std::path::PathBuf {
         .unwrap_or_else(|| "infera-engine-sidecar".into())
 }
 
-/// Launches a real engine through the sidecar (which registers it in etcd).
-fn launch_engine(d: &LocalDeployment, etcd: &str, port: u16) -> Result<tokio::process::Child> {
-    let engine = d.engine().as_str();
+/// The sidecar's command line for a launched engine of `d` on `port`. ATOM answers to
+/// the model it loads and listens on `--server-port`: it loads the served name, which
+/// the caller links to the weights in the sidecar's working directory.
+fn local_engine_argv(d: &LocalDeployment, etcd: &str, port: u16) -> Vec<String> {
+    let engine = d.engine();
     let mut args: Vec<String> = vec![
-        engine.into(),
+        engine.as_str().into(),
         "--etcd-endpoint".into(),
         etcd.into(),
         "--etcd-prefix".into(),
@@ -216,23 +220,34 @@ fn launch_engine(d: &LocalDeployment, etcd: &str, port: u16) -> Result<tokio::pr
         "--advertise-host".into(),
         "127.0.0.1".into(),
     ];
-    let model_flag = match d.engine() {
-        EngineKind::Vllm => None,
-        EngineKind::Sglang => Some("--model-path"),
-        EngineKind::Atom => Some("--model"),
-    };
-    args.extend(model_flag.map(str::to_owned));
-    args.push(d.model_path.clone());
+    match engine {
+        EngineKind::Vllm => args.push(d.model_path.clone()),
+        EngineKind::Sglang => args.extend(["--model-path".into(), d.model_path.clone()]),
+        EngineKind::Atom => args.extend(["--model".into(), d.model().to_owned()]),
+    }
+    if engine != EngineKind::Atom {
+        args.extend(["--served-model-name".into(), d.model().to_owned()]);
+    }
     args.extend([
-        "--served-model-name".into(),
-        d.model().to_owned(),
-        "--port".into(),
+        http_port_flag(d.plan.launch).into(),
         port.to_string(),
         "--tensor-parallel-size".into(),
         d.tensor_parallel_size().to_string(),
     ]);
     args.extend(d.plan.engine.args.iter().cloned());
+    args
+}
+
+/// Launches a real engine through the sidecar (which registers it in etcd).
+fn launch_engine(d: &LocalDeployment, etcd: &str, port: u16) -> Result<tokio::process::Child> {
+    let args = local_engine_argv(d, etcd, port);
     let mut cmd = tokio::process::Command::new(sidecar_binary());
+    if d.engine() == EngineKind::Atom {
+        let dir = std::env::temp_dir().join(format!("infera-up-{}-models", std::process::id()));
+        link_model(&dir, d.model(), std::path::Path::new(&d.model_path))
+            .with_context(|| format!("linking {} to {}", d.model(), d.model_path))?;
+        cmd.current_dir(dir);
+    }
     cmd.args(&args)
         .stdin(Stdio::null())
         .kill_on_drop(true)
@@ -486,6 +501,35 @@ mod tests {
     /// `infera up`'s gateway routes as the operator's gateway of that manifest would:
     /// the tokenizer and the default retention were lost before the flags were built by
     /// one function.
+    #[test]
+    fn a_launched_atom_loads_its_served_name_and_listens_on_its_server_port() {
+        use crate::up::manifest::parse_manifests;
+        use crate::up::plan::{PlanOptions, plan};
+        let manifest = "apiVersion: infera.amd.com/v1alpha1
+kind: InferaDeployment
+metadata: {name: a}
+spec:
+  model: {name: org/m, source: {hostPath: {path: /models/m}}}
+  engine: {kind: atom, image: x}
+";
+        let opts = PlanOptions {
+            etcd: true,
+            ..PlanOptions::default()
+        };
+        let local = plan(
+            &parse_manifests(manifest, "a.yaml").unwrap(),
+            &opts,
+            &|_| true,
+        )
+        .unwrap();
+        let argv = local_engine_argv(&local.deployments[0], "http://e:2379", 31000);
+        let tail = argv[7..].join(" ");
+        assert_eq!(
+            tail,
+            "--model org/m --server-port 31000 --tensor-parallel-size 1"
+        );
+    }
+
     #[test]
     fn the_gateway_gets_the_flags_the_operator_renders() {
         use crate::up::manifest::parse_manifests;

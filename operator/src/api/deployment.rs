@@ -242,6 +242,28 @@ pub struct EngineSpec {
     /// CPU and memory of the engine container (GPUs and RDMA devices are added).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// Longest wait for in-flight requests when a worker stops (its sidecar's
+    /// `--drain-timeout`; default 60). The pod's grace period is max(120, this + 65) s:
+    /// deregistration, the drain, and the engine's own stop.
+    #[serde(default = "drain_seconds")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub drain_seconds: u32,
+    /// The extended resource engine pods request GPUs as (default `amd.com/gpu`, the
+    /// ROCm device plugin's; e.g. `amd.com/gpu-partition` or a DRA-backed name).
+    #[serde(default = "gpu_resource_name")]
+    #[schemars(length(min = 1, max = 253))]
+    pub gpu_resource_name: String,
+}
+
+fn gpu_resource_name() -> String {
+    "amd.com/gpu".into()
+}
+
+/// The sidecar's drain budget unless the spec names one.
+pub const DEFAULT_DRAIN_SECONDS: u32 = 60;
+
+fn drain_seconds() -> u32 {
+    DEFAULT_DRAIN_SECONDS
 }
 
 fn shm_size() -> Quantity {
@@ -282,13 +304,25 @@ pub struct ServingSpec {
 #[serde(rename_all = "camelCase")]
 pub struct NetworkSpec {
     /// RDMA (RoCEv2 over AINIC) for KV transfer and collectives. The operator requests
-    /// the device-plugin resource, adds IPC_LOCK and sets MC_GID_INDEX,
-    /// NCCL_IB_GID_INDEX and MORI_IB_GID_INDEX from gidIndex: nobody hand-writes them.
+    /// the device-plugin resources, adds IPC_LOCK, and sets MC_GID_INDEX,
+    /// NCCL_IB_GID_INDEX and MORI_IB_GID_INDEX (gidIndex, else found on the node) and
+    /// the earlier launchers' RDMA defaults: nobody hand-writes them.
     #[serde(default)]
     pub rdma: RdmaSpec,
     /// Who may connect to the engine pods.
     #[serde(default)]
     pub network_policy: EngineNetworkPolicy,
+    /// Secondary networks attached to engine pods by Multus (the pod annotation
+    /// `k8s.v1.cni.cncf.io/networks`), e.g. one per RDMA rail: `rail0`,
+    /// `infera/rail1@net2` (`[namespace/]name[@interface]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 32),
+        inner(regex(
+            pattern = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9.]*[a-z0-9])?(@[A-Za-z0-9_.-]{1,15})?$"
+        ))
+    )]
+    pub secondary_networks: Vec<String>,
 }
 
 /// A NetworkPolicy on the engine pods: only this deployment's own pods (its gateways;
@@ -321,9 +355,14 @@ fn yes() -> bool {
     true
 }
 
-/// RDMA settings. The operator requests the device-plugin resource, adds IPC_LOCK and
-/// sets MC_GID_INDEX, NCCL_IB_GID_INDEX and MORI_IB_GID_INDEX from gidIndex: nobody
-/// hand-writes them.
+/// RDMA settings. The operator requests the device-plugin resources and adds IPC_LOCK;
+/// an init container (`node-env`) finds on the node what the engine needs and the
+/// engine container sources it before starting: MC_GID_INDEX, NCCL_IB_GID_INDEX and
+/// MORI_IB_GID_INDEX (gidIndex, else the first active port's RoCEv2 entry with an IPv4
+/// address, else 1), Mooncake's same-NIC peer affinity, MOONCAKE_DISABLE_HIP_DMABUF=1
+/// when a GPU peer-memory module is loaded, and for vLLM and ATOM the rail's address
+/// as VLLM_HOST_IP/ATOM_HOST_IP when the pod holds it. Every variable `engine.env`
+/// sets wins.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.enabled || !has(self.gidIndex)").message("spec.network.rdma.gidIndex is set but RDMA is off: set spec.network.rdma.enabled: true or remove gidIndex"))]
@@ -336,25 +375,48 @@ pub struct RdmaSpec {
     /// Extended resource the cluster's RDMA device plugin advertises for AINIC ports
     /// (default rdma/hca).
     #[serde(default = "rdma_resource")]
-    #[schemars(regex(
-        pattern = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-    ))]
+    #[schemars(regex(pattern = RESOURCE_NAME))]
     pub resource_name: String,
     /// Devices of that resource per worker pod (default 1).
     #[serde(default = "one")]
     #[schemars(range(min = 1, max = 16))]
     pub count: u32,
+    /// One resource per rail, where the device plugin advertises each rail's NICs under
+    /// its own name (e.g. `amd.com/rdma-rail0` ... `rail7`): requested instead of
+    /// resourceName and count.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub rails: Vec<RdmaRail>,
     /// RoCEv2 GID index (the one carrying the node's routable IPv4 address); unset:
-    /// detected by the sidecar on the node.
+    /// found on the node by the engine pod's init container, else 1 (the AINIC's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 255))]
     pub gid_index: Option<u32>,
-    /// RDMA interfaces to use (e.g. `ionic_0`); empty: all the plugin hands out.
+    /// RDMA interfaces to use (e.g. `ionic_0`); empty: all the plugin hands out. Given
+    /// to RCCL (NCCL_IB_HCA), SGLang (`--disaggregation-ib-device`) and ATOM's mooncake
+    /// connector (`ib_device`).
     #[serde(default)]
     pub interfaces: Vec<String>,
     /// Run engine pods in the host network namespace (only where the RDMA setup needs it).
     #[serde(default)]
     pub host_network: bool,
+}
+
+/// An extended resource's name (`[domain/]name`).
+const RESOURCE_NAME: &str =
+    r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$";
+
+/// One rail's RDMA resource.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RdmaRail {
+    /// Extended resource name.
+    #[schemars(regex(pattern = RESOURCE_NAME))]
+    pub resource_name: String,
+    /// Devices per worker pod (default 1).
+    #[serde(default = "one")]
+    #[schemars(range(min = 1, max = 16))]
+    pub count: u32,
 }
 
 impl Default for RdmaSpec {
@@ -363,6 +425,7 @@ impl Default for RdmaSpec {
             enabled: false,
             resource_name: rdma_resource(),
             count: 1,
+            rails: Vec::new(),
             gid_index: None,
             interfaces: Vec::new(),
             host_network: false,
@@ -450,6 +513,11 @@ pub struct GatewaySpec {
     /// Serve HTTPS instead of HTTP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<GatewayTls>,
+    /// Placement of gateway pods (node selector, tolerations, affinity, priority,
+    /// spread), apart from the engines'. With two or more replicas a
+    /// PodDisruptionBudget keeps all but one up through node drains.
+    #[serde(default)]
+    pub scheduling: SchedulingSpec,
 }
 
 /// The gateway's certificate.
@@ -477,6 +545,7 @@ impl Default for GatewaySpec {
             api_keys_secret_ref: None,
             metrics_require_auth: false,
             tls: None,
+            scheduling: SchedulingSpec::default(),
         }
     }
 }
@@ -660,7 +729,7 @@ pub struct NvmeTier {
     pub size: Quantity,
 }
 
-/// Placement of engine pods.
+/// Placement of pods.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SchedulingSpec {

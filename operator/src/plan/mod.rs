@@ -127,6 +127,10 @@ pub struct EnginePlan {
     pub kv_cache_dtype: KvCacheDtype,
     /// `/dev/shm` size.
     pub shared_memory_size: Quantity,
+    /// Longest drain of in-flight requests when a worker stops.
+    pub drain_seconds: u32,
+    /// The extended resource GPUs are requested as.
+    pub gpu_resource_name: String,
 }
 
 /// Where the weights are and how the engines serve them.
@@ -214,6 +218,8 @@ pub struct GatewayPlan {
     pub metrics_require_auth: bool,
     /// Serve HTTPS with this certificate.
     pub tls: Option<GatewayTls>,
+    /// Where gateway pods are scheduled.
+    pub scheduling: SchedulingSpec,
 }
 
 /// kvd's tiers, in bytes.

@@ -76,6 +76,14 @@ pub enum ValidateError {
         /// The allowed directories.
         allowed: String,
     },
+    /// Something the engine cannot do.
+    #[error("{field}: {reason}")]
+    Engine {
+        /// The field.
+        field: &'static str,
+        /// Why, and what to write instead.
+        reason: String,
+    },
     /// The object was never stored (no uid for owner references).
     #[error("the InferaDeployment has no uid or namespace yet")]
     NotStored,
@@ -94,6 +102,7 @@ impl ValidateError {
             Self::NoNats => "NatsUrlMissing",
             Self::Quantity { .. } => "InvalidQuantity",
             Self::NvmePathNotAllowed { .. } => "NvmePathNotAllowed",
+            Self::Engine { .. } => "UnsupportedByEngine",
             Self::NotStored => "NotStored",
         }
     }
@@ -201,11 +210,12 @@ pub fn plan_deployment(
     topology: Option<&PDTopology>,
 ) -> Result<DeploymentPlan, ValidateError> {
     let kvd = kvd_plan(spec)?;
+    let launch = launch(spec.engine.kind, spec.engine.sim_flavor);
+    check_engine(spec, launch, topology)?;
     let workers = resolve_workers(
         spec,
         topology.map(|t| (t.metadata.name.as_deref().unwrap_or_default(), &t.spec)),
     )?;
-    let launch = launch(spec.engine.kind, spec.engine.sim_flavor);
     let roles = match workers {
         Workers::Mixed(n) => {
             let parallelism = spec.engine.parallelism.clone();
@@ -253,6 +263,8 @@ pub fn plan_deployment(
             env: spec.engine.env.clone(),
             kv_cache_dtype: spec.engine.kv_cache_dtype,
             shared_memory_size: spec.engine.shared_memory_size.clone(),
+            drain_seconds: spec.engine.drain_seconds,
+            gpu_resource_name: spec.engine.gpu_resource_name.clone(),
         },
         model: ModelPlan {
             served_name: spec.model.name.clone(),
@@ -276,11 +288,52 @@ pub fn plan_deployment(
             api_keys_secret_ref: g.api_keys_secret_ref.clone(),
             metrics_require_auth: g.metrics_require_auth,
             tls: g.tls.clone(),
+            scheduling: g.scheduling.clone(),
         },
         kvd,
         network: spec.network.clone(),
         scheduling: spec.scheduling.clone(),
     })
+}
+
+/// What the engine's own command line cannot express. ATOM (0.1.4) answers to the model
+/// it loads, so it loads the served name (a link to the weights), which must be a
+/// relative path; and it has no flags for a worker spanning nodes.
+fn check_engine(
+    spec: &InferaDeploymentSpec,
+    launch: Launch,
+    topology: Option<&PDTopology>,
+) -> Result<(), ValidateError> {
+    if launch != Launch::Engine(infera_proto::worker::EngineKind::Atom) {
+        return Ok(());
+    }
+    let name = &spec.model.name;
+    let relative = !name.is_empty()
+        && Path::new(name)
+            .components()
+            .all(|c| matches!(c, Component::Normal(_)));
+    if !relative {
+        return Err(ValidateError::Engine {
+            field: "spec.model.name",
+            reason: format!(
+                "{name:?}: ATOM serves its model under the name it loads, so the name must be a relative path such as a Hugging Face id (org/model)"
+            ),
+        });
+    }
+    let mut nodes = vec![spec.engine.parallelism.nodes_per_worker];
+    if let Some(t) = topology {
+        nodes.extend([
+            t.spec.prefill.parallelism.nodes_per_worker,
+            t.spec.decode.parallelism.nodes_per_worker,
+        ]);
+    }
+    if nodes.iter().any(|n| *n > 1) {
+        return Err(ValidateError::Engine {
+            field: "parallelism.nodesPerWorker",
+            reason: "engine atom has no multi-node flags: a worker runs on one node (use data parallelism across workers)".into(),
+        });
+    }
+    Ok(())
 }
 
 /// GPUs per pod: none for the simulator.

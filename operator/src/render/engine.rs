@@ -9,7 +9,10 @@ use crate::api::{
 };
 use crate::plan::{PdLeg, Plan, RolePlan};
 use crate::render::names::Role;
-use infera_engine_prep::prepare::{fp8_kv_cache_dtype, launcher, prepare_engine};
+use infera_engine_prep::Launch;
+use infera_engine_prep::prepare::{
+    PrepareInput, fp8_kv_cache_dtype, http_port_flag, launcher, prepare_engine,
+};
 use infera_proto::pd::PdProtocol;
 use infera_proto::worker::EngineKind;
 use serde_json::{Value, json};
@@ -36,6 +39,10 @@ pub struct EngineCommand {
     pub engine_args: Vec<String>,
     /// Environment the operator adds (before the user's `env`).
     pub env: Vec<(String, String)>,
+    /// A link to make before the engine starts, its name relative to the working
+    /// directory: ATOM serves its model under the name it loads, so it loads the served
+    /// name, linked to the model folder.
+    pub model_link: Option<(String, String)>,
 }
 
 fn push(args: &mut Vec<String>, flag: &str, value: impl Into<String>) {
@@ -43,21 +50,28 @@ fn push(args: &mut Vec<String>, flag: &str, value: impl Into<String>) {
     args.push(value.into());
 }
 
-fn kv_cache_dtype(engine: EngineKind, dtype: KvCacheDtype) -> Option<&'static str> {
+/// The KV-cache dtype flag and value (ATOM: `--kv_cache_dtype` bf16 or fp8, its
+/// default bf16 standing for auto).
+fn kv_cache_dtype(engine: EngineKind, dtype: KvCacheDtype) -> Option<(&'static str, &'static str)> {
     if engine == EngineKind::Atom {
-        return None;
+        return match dtype {
+            KvCacheDtype::Fp8 => Some(("--kv_cache_dtype", "fp8")),
+            KvCacheDtype::Bf16 => Some(("--kv_cache_dtype", "bf16")),
+            KvCacheDtype::Auto => None,
+        };
     }
-    Some(match dtype {
+    let value = match dtype {
         KvCacheDtype::Fp8 => fp8_kv_cache_dtype(engine),
         KvCacheDtype::Auto => "auto",
         KvCacheDtype::Bf16 => "bfloat16",
-    })
+    };
+    Some(("--kv-cache-dtype", value))
 }
 
 /// The vLLM / ATOM `--kv-transfer-config` of a prefill or decode worker. Pod identity
 /// comes from the downward API (`$(POD_NAME)`, `$(POD_IP)`), which Kubernetes expands in
 /// arguments, so the sidecar reads the same values the engine uses.
-fn kv_transfer_config(leg: &PdLeg, role: Role, rdma: bool, tp: u32) -> Value {
+fn kv_transfer_config(leg: &PdLeg, role: Role, rdma: &RdmaSpec, tp: u32) -> Value {
     let kv_role = match role {
         Role::Prefill => "kv_producer",
         _ => "kv_consumer",
@@ -69,7 +83,7 @@ fn kv_transfer_config(leg: &PdLeg, role: Role, rdma: bool, tp: u32) -> Value {
             "kv_role": kv_role,
             "engine_id": "$(POD_NAME)",
             "kv_ip": "$(POD_IP)",
-            "kv_connector_extra_config": {"mooncake_protocol": if rdma { "rdma" } else { "tcp" }},
+            "kv_connector_extra_config": {"mooncake_protocol": if rdma.enabled { "rdma" } else { "tcp" }},
         }),
         PdProtocol::VllmMoriWrite | PdProtocol::VllmMoriRead => json!({
             "kv_connector": "MoRIIOConnector",
@@ -83,12 +97,52 @@ fn kv_transfer_config(leg: &PdLeg, role: Role, rdma: bool, tp: u32) -> Value {
                 "read_mode": leg.protocol == PdProtocol::VllmMoriRead,
             },
         }),
-        _ => json!({
-            "kv_connector": "mooncake",
-            "kv_role": kv_role,
-            "handshake_port": t.handshake_port.unwrap_or(6301),
-        }),
+        _ => {
+            // ATOM's mooncake connector: where its peer's proxy hand-off reaches it.
+            let mut config = json!({
+                "kv_connector": "mooncake",
+                "kv_role": kv_role,
+                "handshake_port": t.handshake_port.unwrap_or(6301),
+                "http_port": ENGINE_PORT,
+                "proxy_ip": "$(POD_IP)",
+            });
+            if rdma.enabled && !rdma.interfaces.is_empty() {
+                config["ib_device"] = json!(rdma.interfaces.join(","));
+            }
+            config
+        }
     }
+}
+
+/// The earlier project's vLLM connector to kvd (it speaks the wire protocol kvd keeps);
+/// the engine image must hold the `infera` Python package that provides it.
+pub const KVD_CONNECTOR_MODULE: &str = "infera.engine.vllm.kvd_connector";
+
+/// vLLM's connector to kvd, on its own (`kv_both`: it saves and loads).
+fn kvd_connector() -> Value {
+    json!({
+        "kv_connector": "InferaKvdConnector",
+        "kv_role": "kv_both",
+        "kv_connector_module_path": KVD_CONNECTOR_MODULE,
+    })
+}
+
+/// A vLLM prefill worker with kvd: kvd and the prefill/decode connector under vLLM's
+/// `MultiConnector`, the pair's role at the top (what the sidecar registers). Decode
+/// workers keep the plain connector, as the earlier manual documents.
+fn with_kvd(mut pd: Value) -> Value {
+    // vLLM hands the inner connectors the outer engine id (naming it inside too is an
+    // error there).
+    let engine_id = pd.as_object_mut().and_then(|m| m.remove("engine_id"));
+    let mut top = json!({
+        "kv_connector": "MultiConnector",
+        "kv_role": pd["kv_role"].clone(),
+        "kv_connector_extra_config": {"connectors": [kvd_connector(), pd]},
+    });
+    if let Some(id) = engine_id {
+        top["engine_id"] = id;
+    }
+    top
 }
 
 fn pd_flags(
@@ -97,6 +151,7 @@ fn pd_flags(
     leg: &PdLeg,
     role: &RolePlan,
     rdma: &RdmaSpec,
+    kvd: bool,
 ) {
     if leg.protocol == PdProtocol::SglangBootstrap {
         push(args, "--disaggregation-mode", role.role.as_str());
@@ -117,7 +172,10 @@ fn pd_flags(
         return;
     }
     let tp = role.parallelism.tensor_parallel_size;
-    let config = kv_transfer_config(leg, role.role, rdma.enabled, tp);
+    let mut config = kv_transfer_config(leg, role.role, rdma, tp);
+    if kvd && role.role == Role::Prefill {
+        config = with_kvd(config);
+    }
     push(args, "--kv-transfer-config", config.to_string());
     if leg.protocol == PdProtocol::VllmMooncake
         && let Some(port) = leg.transport.bootstrap_port
@@ -186,18 +244,25 @@ pub fn build_engine_command(plan: &Plan, role: &RolePlan, model_path: &str) -> E
     let rdma = &d.network.rdma;
     let mut args = Vec::new();
     let mut env = Vec::new();
-    match engine {
-        EngineKind::Sglang => push(&mut args, "--model-path", model_path),
-        EngineKind::Atom => push(&mut args, "--model", model_path),
-        EngineKind::Vllm => args.push(model_path.to_owned()),
+    let served = d.model.served_name.as_str();
+    let mut model_link = None;
+    match runs {
+        Launch::Engine(EngineKind::Atom) => {
+            // ATOM has no --served-model-name: it answers to the model it loads.
+            push(&mut args, "--model", served);
+            model_link = Some((served.to_owned(), model_path.to_owned()));
+        }
+        _ => {
+            match engine {
+                EngineKind::Sglang => push(&mut args, "--model-path", model_path),
+                EngineKind::Atom => push(&mut args, "--model", model_path),
+                EngineKind::Vllm => args.push(model_path.to_owned()),
+            }
+            push(&mut args, "--served-model-name", served);
+        }
     }
-    push(
-        &mut args,
-        "--served-model-name",
-        d.model.served_name.as_str(),
-    );
     push(&mut args, "--host", "0.0.0.0");
-    push(&mut args, "--port", ENGINE_PORT.to_string());
+    push(&mut args, http_port_flag(runs), ENGINE_PORT.to_string());
     if runs.is_sim() {
         push(&mut args, "--engine", engine.as_str());
         if let Some(tokenizer) = &d.model.tokenizer {
@@ -210,25 +275,37 @@ pub fn build_engine_command(plan: &Plan, role: &RolePlan, model_path: &str) -> E
     }
     parallel_flags(&mut args, engine, &role.parallelism);
     quantization_flags(&mut args, engine, d.model.quantization);
-    if let Some(dtype) = kv_cache_dtype(engine, d.engine.kv_cache_dtype) {
-        push(&mut args, "--kv-cache-dtype", dtype);
+    if let Some((flag, dtype)) = kv_cache_dtype(engine, d.engine.kv_cache_dtype) {
+        push(&mut args, flag, dtype);
     }
-    if let Some(leg) = &role.pd {
-        pd_flags(&mut args, &mut env, leg, role, rdma);
+    // kvd reaches a real vLLM through the earlier project's connector.
+    let kvd = d.kvd.is_some() && runs == Launch::Engine(EngineKind::Vllm);
+    match &role.pd {
+        Some(leg) => pd_flags(&mut args, &mut env, leg, role, rdma, kvd),
+        None if kvd => push(
+            &mut args,
+            "--kv-transfer-config",
+            kvd_connector().to_string(),
+        ),
+        None => {}
+    }
+    if kvd {
+        // Block hashes must agree across workers and restarts.
+        env.push(("PYTHONHASHSEED".into(), "0".into()));
     }
     args.extend(d.engine.args.iter().cloned());
     args.extend(role.args.iter().cloned());
     let user_env: Vec<&str> = d.engine.env.iter().map(|e| e.name.as_str()).collect();
     // kv-aware routing needs the engine's KV events.
     let kv_events = d.gateway.routing.policy == RoutingPolicy::KvAware;
-    let prepared = prepare_engine(
-        runs,
-        &args,
-        SIM_PROGRAM,
-        kv_events.then_some(KV_EVENTS_PORT),
-        rdma.gid_index.filter(|_| rdma.enabled),
-        &|name| user_env.contains(&name) || env.iter().any(|(n, _)| n == name),
-    );
+    let prepared = prepare_engine(&PrepareInput {
+        launch: runs,
+        args: &args,
+        sim_binary: SIM_PROGRAM,
+        kv_events_port: kv_events.then_some(KV_EVENTS_PORT),
+        gid_index: rdma.gid_index.filter(|_| rdma.enabled),
+        env_is_set: &|name| user_env.contains(&name) || env.iter().any(|(n, _)| n == name),
+    });
     env.extend(prepared.env);
     if rdma.enabled && !rdma.interfaces.is_empty() {
         let hcas = rdma.interfaces.join(",");
@@ -249,5 +326,6 @@ pub fn build_engine_command(plan: &Plan, role: &RolePlan, model_path: &str) -> E
         command,
         engine_args,
         env,
+        model_link,
     }
 }

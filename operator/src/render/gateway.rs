@@ -6,7 +6,7 @@
 use super::engine::{ENGINE_PORT, MODEL_MOUNT};
 use super::gateway_flags::{GatewaySite, build_gateway_args, nats_flags};
 use super::names;
-use super::pod::{model_mount, model_volume, restricted_security};
+use super::pod::{model_mount, model_volume, placement, restricted_security};
 use super::secrets::{etcd_client_args, etcd_secrets, one_key, secret_volume};
 use super::{Child, Kind, child};
 use crate::api::ServiceType;
@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::{
     Container, ContainerPort, HTTPGetAction, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
     Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role as RbacRole, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -279,7 +280,7 @@ pub fn build_gateway(plan: &Plan, model_path: &str) -> Vec<Child> {
                     containers: vec![container],
                     volumes: (!volumes.is_empty()).then_some(volumes),
                     enable_service_links: Some(false),
-                    ..Default::default()
+                    ..placement(&g.scheduling)
                 }),
             },
             ..Default::default()
@@ -311,8 +312,32 @@ pub fn build_gateway(plan: &Plan, model_path: &str) -> Vec<Child> {
         }),
         ..Default::default()
     };
-    vec![
+    let mut out = vec![
         child(Kind::Service, service, Some(&plan.owner.reference)),
         child(Kind::Deployment, deployment, Some(&plan.owner.reference)),
-    ]
+    ];
+    if g.replicas >= 2 {
+        // Node drains take gateways one at a time; the rest keep serving.
+        let pdb = PodDisruptionBudget {
+            metadata: plan.owner.meta(
+                names::gateway(instance),
+                names::instance_labels(instance, "gateway"),
+            ),
+            spec: Some(PodDisruptionBudgetSpec {
+                max_unavailable: Some(IntOrString::Int(1)),
+                selector: Some(LabelSelector {
+                    match_labels: Some(names::gateway_selector(instance)),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        out.push(child(
+            Kind::PodDisruptionBudget,
+            pdb,
+            Some(&plan.owner.reference),
+        ));
+    }
+    out
 }

@@ -5,6 +5,7 @@
 
 use super::engine::{ENGINE_PORT, EngineCommand, KV_EVENTS_PORT, MODEL_MOUNT};
 use super::names;
+use crate::api::SchedulingSpec;
 use crate::plan::{Discovery, KvdPlan, ModelVolume, Plan, RolePlan};
 use infera_engine_prep::Launch;
 use infera_proto::sidecar::{DRAIN_TOKEN_ENV, DRAIN_TOKEN_HEADER};
@@ -22,11 +23,16 @@ use std::collections::BTreeMap;
 
 /// Port of the sidecar's `/health`, `/metrics` and `/drain`.
 pub const SIDECAR_PORT: u16 = 8090;
-/// Longest drain of in-flight requests before the engine stops (the sidecar's
-/// `--drain-timeout`).
-pub const DRAIN_SECONDS: i64 = 60;
-/// Margin of the grace period over the drain (deregistration, engine stop).
-pub const GRACE_MARGIN_SECONDS: i64 = 30;
+/// Margin of the grace period over the drain (deregistration, the engine's own stop),
+/// and the shortest grace period: the earlier launchers' max(120, drain + 65).
+pub const GRACE_MARGIN_SECONDS: i64 = 65;
+/// The shortest grace period of an engine pod.
+pub const MIN_GRACE_SECONDS: i64 = 120;
+
+/// The grace period of an engine pod whose sidecar drains for `drain_seconds`.
+pub fn grace_period_seconds(drain_seconds: u32) -> i64 {
+    (i64::from(drain_seconds) + GRACE_MARGIN_SECONDS).max(MIN_GRACE_SECONDS)
+}
 /// Seconds between startup-probe checks.
 pub const STARTUP_PERIOD_SECONDS: i32 = 10;
 /// kvd's socket folder, shared by the engine and kvd containers.
@@ -35,6 +41,64 @@ pub const KVD_SOCKET_DIR: &str = "/run/infera-kvd";
 pub const KVD_METRICS_PORT: u16 = 9401;
 /// Where kvd's NVMe tier is mounted.
 pub const KVD_NVME_DIR: &str = "/var/lib/infera-kvd";
+/// Multus's annotation naming a pod's secondary networks.
+pub const MULTUS_NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
+/// The folder the node-env init container writes and the engine container reads.
+pub const ENGINE_ENV_DIR: &str = "/run/infera";
+/// The sh file there the engine container sources before it starts.
+pub const ENGINE_ENV_FILE: &str = "/run/infera/engine-env.sh";
+/// Where model links are made (the engine's working directory when there is one).
+pub const MODEL_LINK_DIR: &str = "/run/infera/models";
+
+/// A real engine's command, run after sourcing what the node-env init container found.
+fn with_node_env(command: &[String]) -> Vec<String> {
+    let mut out = vec![
+        "/bin/sh".to_owned(),
+        "-c".to_owned(),
+        format!(". {ENGINE_ENV_FILE} && exec \"$@\""),
+        "infera-engine".to_owned(),
+    ];
+    out.extend(command.iter().cloned());
+    out
+}
+
+/// The init container of a real engine's pod: `infera-engine-sidecar node-env` finds the
+/// node's RDMA facts and makes the model link (see `infera_engine_sidecar::node_env`).
+fn node_env_container(plan: &Plan, engine: &EngineCommand) -> Option<Container> {
+    let d = &plan.deployment;
+    let Launch::Engine(kind) = d.launch else {
+        return None;
+    };
+    let mut args: Vec<String> = vec!["node-env".into(), "--engine".into(), kind.as_str().into()];
+    if d.network.rdma.enabled {
+        args.push("--rdma".into());
+    }
+    if let Some((name, target)) = &engine.model_link {
+        args.extend([
+            "--model-link".into(),
+            format!("{name}={target}"),
+            "--model-dir".into(),
+            MODEL_LINK_DIR.into(),
+        ]);
+    }
+    args.extend(["--out".into(), ENGINE_ENV_FILE.into()]);
+    Some(Container {
+        name: "node-env".into(),
+        image: Some(plan.images.sidecar.clone()),
+        args: Some(args),
+        volume_mounts: Some(vec![mount("engine-env", ENGINE_ENV_DIR)]),
+        security_context: Some(restricted_security()),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".into(), quantity("10m")),
+                ("memory".into(), quantity("16Mi")),
+            ])),
+            limits: Some(BTreeMap::from([("memory".into(), quantity("64Mi"))])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
 
 /// Where in a multi-node worker a pod sits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,11 +232,17 @@ fn engine_resources(plan: &Plan, role: &RolePlan) -> ResourceRequirements {
     let mut res = role.resources.clone().unwrap_or_default();
     let mut extended = BTreeMap::new();
     if role.gpus > 0 {
-        extended.insert("amd.com/gpu".to_owned(), quantity(role.gpus.to_string()));
+        extended.insert(
+            plan.deployment.engine.gpu_resource_name.clone(),
+            quantity(role.gpus.to_string()),
+        );
     }
     let rdma = &plan.deployment.network.rdma;
-    if rdma.enabled {
+    if rdma.enabled && rdma.rails.is_empty() {
         extended.insert(rdma.resource_name.clone(), quantity(rdma.count.to_string()));
+    }
+    for rail in rdma.rails.iter().filter(|_| rdma.enabled) {
+        extended.insert(rail.resource_name.clone(), quantity(rail.count.to_string()));
     }
     if !extended.is_empty() {
         let mut limits = res.limits.take().unwrap_or_default();
@@ -199,7 +269,7 @@ fn sidecar_args(plan: &Plan, engine: &EngineCommand) -> Vec<String> {
         "--advertise-host".into(),
         "$(POD_IP)".into(),
         "--drain-timeout".into(),
-        DRAIN_SECONDS.to_string(),
+        d.engine.drain_seconds.to_string(),
         "--health-timeout".into(),
         d.model.startup_budget_seconds.to_string(),
     ];
@@ -289,6 +359,13 @@ fn volumes(plan: &Plan) -> Vec<Volume> {
             .into_iter()
             .map(|(v, _)| v),
     );
+    if !d.launch.is_sim() {
+        v.push(Volume {
+            name: "engine-env".into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        });
+    }
     if let Some(kvd) = &d.kvd {
         v.push(Volume {
             name: "kvd-socket".into(),
@@ -455,6 +532,9 @@ fn engine_container(input: &PodInput<'_>) -> Container {
     env.extend(plain_env(&input.engine.env));
     env.extend(d.engine.env.iter().cloned());
     let mut mounts = vec![mount("dshm", "/dev/shm"), model_mount()];
+    if !d.launch.is_sim() {
+        mounts.push(mount("engine-env", ENGINE_ENV_DIR));
+    }
     if d.kvd.is_some() {
         mounts.push(mount("kvd-socket", KVD_SOCKET_DIR));
         env.push(EnvVar {
@@ -476,7 +556,11 @@ fn engine_container(input: &PodInput<'_>) -> Container {
         container_port: i32::from(KV_EVENTS_PORT),
         ..Default::default()
     });
-    let mut command = input.engine.command.clone();
+    let mut command = if d.launch.is_sim() {
+        input.engine.command.clone()
+    } else {
+        with_node_env(&input.engine.command)
+    };
     if input.place == NodePlace::Follower && d.launch != Launch::Engine(EngineKind::Sglang) {
         // vLLM and ATOM follower nodes run headless (no API server of their own).
         command.push("--headless".into());
@@ -547,7 +631,7 @@ pub fn build_pod_template(input: &PodInput<'_>) -> PodTemplateSpec {
     let plan = input.plan;
     let d = &plan.deployment;
     let instance = plan.owner.name.as_str();
-    let mut init = Vec::new();
+    let mut init: Vec<Container> = node_env_container(plan, input.engine).into_iter().collect();
     if let Some(kvd) = &d.kvd {
         init.push(kvd_container(kvd, &plan.images.kvd));
     }
@@ -562,6 +646,12 @@ pub fn build_pod_template(input: &PodInput<'_>) -> PodTemplateSpec {
     PodTemplateSpec {
         metadata: Some(ObjectMeta {
             labels: Some(labels),
+            annotations: (!d.network.secondary_networks.is_empty()).then(|| {
+                BTreeMap::from([(
+                    MULTUS_NETWORKS.to_owned(),
+                    d.network.secondary_networks.join(","),
+                )])
+            }),
             ..Default::default()
         }),
         spec: Some(PodSpec {
@@ -571,19 +661,26 @@ pub fn build_pod_template(input: &PodInput<'_>) -> PodTemplateSpec {
             init_containers: (!init.is_empty()).then_some(init),
             containers: vec![engine_container(input)],
             volumes: Some(volumes(plan)),
-            termination_grace_period_seconds: Some(DRAIN_SECONDS + GRACE_MARGIN_SECONDS),
+            termination_grace_period_seconds: Some(grace_period_seconds(d.engine.drain_seconds)),
             // Service env vars would collide with engine settings (a Service named
             // `vllm` sets VLLM_PORT).
             enable_service_links: Some(false),
             host_network: host_network.then_some(true),
             dns_policy: host_network.then(|| "ClusterFirstWithHostNet".into()),
-            node_selector: (!sched.node_selector.is_empty()).then(|| sched.node_selector.clone()),
-            tolerations: (!sched.tolerations.is_empty()).then(|| sched.tolerations.clone()),
-            affinity: sched.affinity.clone(),
-            priority_class_name: sched.priority_class_name.clone(),
-            topology_spread_constraints: (!sched.topology_spread_constraints.is_empty())
-                .then(|| sched.topology_spread_constraints.clone()),
-            ..Default::default()
+            ..placement(sched)
         }),
+    }
+}
+
+/// The placement fields of a pod spec from `sched` (the rest default).
+pub fn placement(sched: &SchedulingSpec) -> PodSpec {
+    PodSpec {
+        node_selector: (!sched.node_selector.is_empty()).then(|| sched.node_selector.clone()),
+        tolerations: (!sched.tolerations.is_empty()).then(|| sched.tolerations.clone()),
+        affinity: sched.affinity.clone(),
+        priority_class_name: sched.priority_class_name.clone(),
+        topology_spread_constraints: (!sched.topology_spread_constraints.is_empty())
+            .then(|| sched.topology_spread_constraints.clone()),
+        ..Default::default()
     }
 }

@@ -189,15 +189,51 @@ fn an_mi355x_engine_pod_gets_gpus_rdma_roce_env_shm_probes_and_the_drain() {
         engine["resources"]["requests"]["rdma/hca"], "8",
         "extended resources: requests equal limits"
     );
+    // No gidIndex: the GID variables come from the node, found by the init container
+    // and sourced by the engine container before SGLang starts.
     for name in ["MC_GID_INDEX", "NCCL_IB_GID_INDEX", "MORI_IB_GID_INDEX"] {
-        assert_eq!(env_value(engine, name).as_deref(), Some("1"), "{name}");
+        assert_eq!(env_value(engine, name), None, "{name}");
     }
+    let node_env = container(pod, "initContainers", "node-env");
+    assert_eq!(
+        args(node_env, "args"),
+        [
+            "node-env",
+            "--engine",
+            "sglang",
+            "--rdma",
+            "--out",
+            "/run/infera/engine-env.sh"
+        ]
+    );
+    assert!(
+        node_env.get("restartPolicy").is_none(),
+        "runs to completion first"
+    );
     assert_eq!(
         engine["securityContext"]["capabilities"]["add"],
         json!(["IPC_LOCK"])
     );
-    let cmd = args(engine, "command");
+    assert_eq!(
+        env_value(engine, "NCCL_IB_HCA").as_deref(),
+        Some("ionic_0,ionic_1,ionic_2,ionic_3,ionic_4,ionic_5,ionic_6,ionic_7")
+    );
+    let full = args(engine, "command");
+    assert_eq!(
+        &full[..4],
+        [
+            "/bin/sh",
+            "-c",
+            ". /run/infera/engine-env.sh && exec \"$@\"",
+            "infera-engine"
+        ]
+    );
+    let cmd = full[4..].to_vec();
     assert_eq!(&cmd[..3], ["python3", "-m", "sglang.launch_server"]);
+    assert_eq!(
+        flag(&cmd, "--disaggregation-ib-device").as_deref(),
+        Some("ionic_0,ionic_1,ionic_2,ionic_3,ionic_4,ionic_5,ionic_6,ionic_7")
+    );
     assert_eq!(
         flag(&cmd, "--model-path").as_deref(),
         Some("/model-store/deepseek-ai/DeepSeek-R1")
@@ -239,7 +275,8 @@ fn an_mi355x_engine_pod_gets_gpus_rdma_roce_env_shm_probes_and_the_drain() {
         json!({"path": "/drain", "port": 8090,
                "httpHeaders": [{"name": "x-infera-drain-token", "value": token}]})
     );
-    assert_eq!(pod["spec"]["terminationGracePeriodSeconds"], 90);
+    // The default 60 s drain: max(120, 60 + 65).
+    assert_eq!(pod["spec"]["terminationGracePeriodSeconds"], 125);
     let shm = pod["spec"]["volumes"]
         .as_array()
         .unwrap()
@@ -347,7 +384,7 @@ fn a_hugging_face_model_is_downloaded_before_workers_start() {
     let job = find(&waiting, Kind::Job, "llama-70b-model-download");
     let c = &job["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(
-        c["image"], "rocm/vllm:latest",
+        c["image"], "vllm/vllm-openai-rocm:v0.25.1",
         "the vendor image carries huggingface_hub"
     );
     assert_eq!(
@@ -456,9 +493,16 @@ fn a_worker_spanning_nodes_is_a_leader_worker_set() {
             .iter()
             .any(|c| c["name"] == "sidecar")
     );
-    assert!(
-        worker["spec"].get("initContainers").is_none(),
-        "followers do not register"
+    let worker_init: Vec<&str> = worker["spec"]["initContainers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        worker_init,
+        ["node-env"],
+        "followers do not register, but read their node"
     );
     let cmd = args(container(leader, "containers", "engine"), "command");
     assert_eq!(flag(&cmd, "--nnodes").as_deref(), Some("2"));
@@ -1086,5 +1130,221 @@ fn a_variable_the_user_sets_replaces_the_operators_once() {
     assert_eq!(
         env_value(engine, "VLLM_MORIIO_CONNECTOR_READ_MODE").as_deref(),
         Some("0")
+    );
+}
+
+fn engine_pod(r: &Rendered, set: &str) -> Value {
+    find(r, Kind::StatefulSet, set)["spec"]["template"].clone()
+}
+
+/// The engine's command after the node-env wrapper.
+fn engine_argv(pod: &Value) -> Vec<String> {
+    let full = args(container(pod, "containers", "engine"), "command");
+    match full.first().map(String::as_str) {
+        Some("/bin/sh") => full[4..].to_vec(),
+        _ => full,
+    }
+}
+
+#[test]
+fn atom_listens_on_its_server_port_and_answers_to_the_linked_served_name() {
+    let (deps, topos) = load(&repo().join("examples/atom-1p2d/deployment.yaml"));
+    let r = render_example(&deps[0], &topos, true);
+    let pod = engine_pod(&r, "atom-r1-prefill");
+    let cmd = engine_argv(&pod);
+    assert_eq!(flag(&cmd, "--server-port").as_deref(), Some("8000"));
+    assert_eq!(
+        flag(&cmd, "--port"),
+        None,
+        "ATOM's --port is its torch master port"
+    );
+    assert_eq!(
+        flag(&cmd, "--model").as_deref(),
+        Some("deepseek-ai/DeepSeek-R1-0528")
+    );
+    assert!(!cmd.contains(&"--served-model-name".to_owned()));
+    assert!(!cmd.contains(&"--kv-events-config".to_owned()));
+    let config: Value = serde_json::from_str(&flag(&cmd, "--kv-transfer-config").unwrap()).unwrap();
+    assert_eq!(
+        config,
+        json!({"kv_connector": "mooncake", "kv_role": "kv_producer", "handshake_port": 6301,
+               "http_port": 8000, "proxy_ip": "$(POD_IP)",
+               "ib_device": "ionic_0,ionic_1,ionic_2,ionic_3,ionic_4,ionic_5,ionic_6,ionic_7"})
+    );
+    let engine = container(&pod, "containers", "engine");
+    assert_eq!(
+        env_value(engine, "INFERA_ATOM_KV_EVENTS_ENDPOINT").as_deref(),
+        Some("tcp://*:5557")
+    );
+    let node_env = args(container(&pod, "initContainers", "node-env"), "args");
+    assert_eq!(
+        flag(&node_env, "--model-link").as_deref(),
+        Some("deepseek-ai/DeepSeek-R1-0528=/model-store")
+    );
+    // The sidecar reads the same flags.
+    let sidecar = args(container(&pod, "initContainers", "sidecar"), "args");
+    assert_eq!(flag(&sidecar, "--server-port").as_deref(), Some("8000"));
+}
+
+#[test]
+fn what_atom_cannot_express_is_refused_with_the_field() {
+    let (deps, topos) = load(&repo().join("examples/atom-1p2d/deployment.yaml"));
+    let platform = Platform::with_images(images());
+    let observed = |t| Observed {
+        topology: Some(t),
+        model_ready: true,
+        ..Default::default()
+    };
+    let mut absolute = deps[0].clone();
+    absolute.spec.model.name = "/data/models/r1".into();
+    let e = render(&absolute, observed(&topos[0]), &platform).unwrap_err();
+    assert_eq!(e.reason(), "UnsupportedByEngine");
+    assert!(e.to_string().starts_with("spec.model.name"), "{e}");
+    let mut spanning = topos[0].clone();
+    spanning.spec.decode.parallelism.nodes_per_worker = 2;
+    let e = render(&deps[0], observed(&spanning), &platform).unwrap_err();
+    assert!(
+        e.to_string().contains("atom has no multi-node flags"),
+        "{e}"
+    );
+}
+
+#[test]
+fn vllm_publishes_kv_events_and_gets_the_rocm_defaults() {
+    let (deps, topos) = load(&repo().join("examples/vllm-mixed-fp8-mi355x/deployment.yaml"));
+    let r = render_example(&deps[0], &topos, true);
+    let pod = engine_pod(&r, "llama-70b-mixed");
+    let cmd = engine_argv(&pod);
+    let events: Value = serde_json::from_str(&flag(&cmd, "--kv-events-config").unwrap()).unwrap();
+    assert_eq!(
+        events["enable_kv_cache_events"], true,
+        "vLLM publishes only with it"
+    );
+    let engine = container(&pod, "containers", "engine");
+    assert_eq!(
+        env_value(engine, "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES").as_deref(),
+        Some("1")
+    );
+    assert_eq!(
+        env_value(engine, "VLLM_ROCM_USE_AITER").as_deref(),
+        Some("1")
+    );
+}
+
+#[test]
+fn kvd_is_wired_to_vllm_through_its_connector() {
+    let (deps, topos) = load(&repo().join("examples/vllm-1p1d-kvd/deployment.yaml"));
+    let r = render_example(&deps[0], &topos, true);
+    let prefill = engine_pod(&r, "qwen3-kvd-prefill");
+    let config: Value =
+        serde_json::from_str(&flag(&engine_argv(&prefill), "--kv-transfer-config").unwrap())
+            .unwrap();
+    assert_eq!(config["kv_connector"], "MultiConnector");
+    assert_eq!(config["kv_role"], "kv_producer");
+    assert_eq!(config["engine_id"], "$(POD_NAME)");
+    let inner = config["kv_connector_extra_config"]["connectors"]
+        .as_array()
+        .unwrap();
+    assert_eq!(
+        inner[0],
+        json!({"kv_connector": "InferaKvdConnector", "kv_role": "kv_both",
+               "kv_connector_module_path": "infera.engine.vllm.kvd_connector"})
+    );
+    assert_eq!(inner[1]["kv_connector"], "MooncakeConnector");
+    assert!(
+        inner[1].get("engine_id").is_none(),
+        "vLLM passes the outer one"
+    );
+    let decode = engine_pod(&r, "qwen3-kvd-decode");
+    let config: Value =
+        serde_json::from_str(&flag(&engine_argv(&decode), "--kv-transfer-config").unwrap())
+            .unwrap();
+    assert_eq!(config["kv_connector"], "MooncakeConnector");
+    for pod in [&prefill, &decode] {
+        let engine = container(pod, "containers", "engine");
+        assert_eq!(env_value(engine, "PYTHONHASHSEED").as_deref(), Some("0"));
+        assert_eq!(
+            env_value(engine, "INFERA_KVD_SOCKET").as_deref(),
+            Some("/run/infera-kvd/kvd.sock")
+        );
+    }
+    // A mixed vLLM worker: the connector alone.
+    let (mut mixed, topos) = load(&repo().join("examples/mxfp4/deployment.yaml"));
+    mixed[0].spec.kv_cache.enabled = true;
+    let r = render_example(&mixed[0], &topos, true);
+    let cmd = engine_argv(&engine_pod(&r, "gpt-oss-mixed"));
+    let config: Value = serde_json::from_str(&flag(&cmd, "--kv-transfer-config").unwrap()).unwrap();
+    assert_eq!(config["kv_connector"], "InferaKvdConnector");
+}
+
+#[test]
+fn the_drain_budget_sizes_the_grace_period_as_the_earlier_launchers_did() {
+    let (deps, topos) = load(&repo().join("examples/vllm-1p1d-kvd/deployment.yaml"));
+    let r = render_example(&deps[0], &topos, true);
+    let pod = engine_pod(&r, "qwen3-kvd-prefill");
+    assert_eq!(pod["spec"]["terminationGracePeriodSeconds"], 365);
+    let sidecar = args(container(&pod, "initContainers", "sidecar"), "args");
+    assert_eq!(flag(&sidecar, "--drain-timeout").as_deref(), Some("300"));
+    for (drain, grace) in [(0, 120), (55, 120), (56, 121), (3600, 3665)] {
+        assert_eq!(super::pod::grace_period_seconds(drain), grace, "{drain}");
+    }
+}
+
+#[test]
+fn rails_secondary_networks_and_the_gpu_resource_name_reach_the_pod() {
+    let (mut deps, topos) = load(&repo().join("examples/vllm-mixed-fp8-mi355x/deployment.yaml"));
+    let spec = &mut deps[0].spec;
+    spec.engine.gpu_resource_name = "amd.com/gpu-partition".into();
+    spec.network.rdma.enabled = true;
+    spec.network.rdma.rails = (0..2)
+        .map(|i| crate::api::RdmaRail {
+            resource_name: format!("amd.com/rdma-rail{i}"),
+            count: 1,
+        })
+        .collect();
+    spec.network.secondary_networks = vec!["rail0@net1".into(), "infera/rail1@net2".into()];
+    let r = render_example(&deps[0], &topos, true);
+    let pod = engine_pod(&r, "llama-70b-mixed");
+    let limits = &container(&pod, "containers", "engine")["resources"]["limits"];
+    assert_eq!(limits["amd.com/gpu-partition"], "8");
+    assert!(limits.get("amd.com/gpu").is_none());
+    assert_eq!(limits["amd.com/rdma-rail0"], "1");
+    assert_eq!(limits["amd.com/rdma-rail1"], "1");
+    assert!(
+        limits.get("rdma/hca").is_none(),
+        "rails replace resourceName"
+    );
+    assert_eq!(
+        pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"],
+        "rail0@net1,infera/rail1@net2"
+    );
+}
+
+#[test]
+fn gateways_are_placed_apart_from_the_engines_and_kept_through_drains() {
+    let (mut deps, topos) = load(&repo().join("examples/vllm-mixed-fp8-mi355x/deployment.yaml"));
+    deps[0].spec.gateway.scheduling.node_selector =
+        std::collections::BTreeMap::from([("node-role/frontend".to_owned(), "true".to_owned())]);
+    let r = render_example(&deps[0], &topos, true);
+    let gw = find(&r, Kind::Deployment, "llama-70b-gateway");
+    let spec = &gw["spec"]["template"]["spec"];
+    assert_eq!(spec["nodeSelector"], json!({"node-role/frontend": "true"}));
+    assert!(
+        spec.get("tolerations").is_none(),
+        "the engines' GPU tolerations stay theirs"
+    );
+    let pdb = find(&r, Kind::PodDisruptionBudget, "llama-70b-gateway");
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    assert_eq!(
+        pdb["spec"]["selector"]["matchLabels"],
+        gw["spec"]["selector"]["matchLabels"]
+    );
+    deps[0].spec.gateway.replicas = 1;
+    let one = render_example(&deps[0], &topos, true);
+    assert!(
+        !one.children
+            .iter()
+            .any(|c| c.kind == Kind::PodDisruptionBudget && c.name == "llama-70b-gateway"),
+        "a single gateway has nothing to keep up"
     );
 }
