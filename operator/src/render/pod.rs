@@ -50,6 +50,18 @@ pub const ENGINE_ENV_FILE: &str = "/run/infera/engine-env.sh";
 /// Where model links are made (the engine's working directory when there is one).
 pub const MODEL_LINK_DIR: &str = "/run/infera/models";
 
+/// Whether the engine needs the node-env init container: a real engine moving KV over
+/// RDMA (the node's GID and RDMA defaults), or ATOM (its model link). Others start as
+/// their image does, without a shell.
+fn needs_node_env(plan: &Plan) -> bool {
+    let d = &plan.deployment;
+    match d.launch {
+        Launch::Engine(EngineKind::Atom) => true,
+        Launch::Engine(_) => d.network.rdma.enabled,
+        Launch::Sim(_) => false,
+    }
+}
+
 /// A real engine's command, run after sourcing what the node-env init container found.
 fn with_node_env(command: &[String]) -> Vec<String> {
     let mut out = vec![
@@ -69,6 +81,9 @@ fn node_env_container(plan: &Plan, engine: &EngineCommand) -> Option<Container> 
     let Launch::Engine(kind) = d.launch else {
         return None;
     };
+    if !needs_node_env(plan) {
+        return None;
+    }
     let mut args: Vec<String> = vec!["node-env".into(), "--engine".into(), kind.as_str().into()];
     if d.network.rdma.enabled {
         args.push("--rdma".into());
@@ -359,7 +374,7 @@ fn volumes(plan: &Plan) -> Vec<Volume> {
             .into_iter()
             .map(|(v, _)| v),
     );
-    if !d.launch.is_sim() {
+    if needs_node_env(plan) {
         v.push(Volume {
             name: "engine-env".into(),
             empty_dir: Some(EmptyDirVolumeSource::default()),
@@ -532,7 +547,7 @@ fn engine_container(input: &PodInput<'_>) -> Container {
     env.extend(plain_env(&input.engine.env));
     env.extend(d.engine.env.iter().cloned());
     let mut mounts = vec![mount("dshm", "/dev/shm"), model_mount()];
-    if !d.launch.is_sim() {
+    if needs_node_env(plan) {
         mounts.push(mount("engine-env", ENGINE_ENV_DIR));
     }
     if d.kvd.is_some() {
@@ -556,10 +571,10 @@ fn engine_container(input: &PodInput<'_>) -> Container {
         container_port: i32::from(KV_EVENTS_PORT),
         ..Default::default()
     });
-    let mut command = if d.launch.is_sim() {
-        input.engine.command.clone()
-    } else {
+    let mut command = if needs_node_env(plan) {
         with_node_env(&input.engine.command)
+    } else {
+        input.engine.command.clone()
     };
     if input.place == NodePlace::Follower && d.launch != Launch::Engine(EngineKind::Sglang) {
         // vLLM and ATOM follower nodes run headless (no API server of their own).

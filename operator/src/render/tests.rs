@@ -1229,6 +1229,15 @@ fn vllm_publishes_kv_events_and_gets_the_rocm_defaults() {
         env_value(engine, "VLLM_ROCM_USE_AITER").as_deref(),
         Some("1")
     );
+    // Without RDMA nothing is read from the node: the image starts as it is, no shell.
+    assert_eq!(args(engine, "command")[..2], ["vllm", "serve"]);
+    assert!(
+        pod["spec"]["initContainers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["name"] != "node-env")
+    );
 }
 
 #[test]
