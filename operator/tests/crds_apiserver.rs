@@ -112,6 +112,29 @@ async fn every_example_applies_and_scale_and_explain_work() {
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+    // Every field of the engine-pod wiring explains itself.
+    for (field, says) in [
+        ("spec.engine.drainSeconds", "max(120, this + 65)"),
+        ("spec.engine.gpuResourceName", "amd.com/gpu"),
+        ("spec.network.rdma.rails", "One resource per rail"),
+        ("spec.network.rdma", "else found on the node"),
+        (
+            "spec.network.rdma.gidIndex",
+            "found on the node by the engine pod's init container",
+        ),
+        (
+            "spec.network.secondaryNetworks",
+            "k8s.v1.cni.cncf.io/networks",
+        ),
+        ("spec.gateway.scheduling", "PodDisruptionBudget"),
+    ] {
+        let path = format!("inferadeployment.{field}");
+        let (ok, text, err) = kubectl(&kubeconfig, &["explain", &path], None);
+        assert!(ok, "{path}: {err}");
+        // kubectl wraps the description: compare with the whitespace folded.
+        let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(flat.contains(says), "{path} does not say {says:?}: {text}");
+    }
     drop_namespace(&client, &ns).await;
 }
 
