@@ -47,6 +47,44 @@ pub fn http_port_flag(launch: Launch) -> &'static str {
     }
 }
 
+/// The variables that carry the RoCEv2 GID index, one per transfer engine (Mooncake,
+/// RCCL, MoRI).
+pub const GID_VARS: [&str; 3] = ["MC_GID_INDEX", "NCCL_IB_GID_INDEX", "MORI_IB_GID_INDEX"];
+
+/// Whether `name` can be a model link: a relative path of plain segments (an ATOM worker
+/// loads its served name, linked to the weights, from its working directory).
+pub fn is_linkable_model_name(name: &str) -> bool {
+    !name.is_empty()
+        && std::path::Path::new(name)
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)))
+}
+
+/// The flags naming the model: where `launch` reads its weights (`model_path`) and the
+/// name it serves (`served`). ATOM has no `--served-model-name` and answers to the model
+/// it loads, so it loads `served`, and the link `served` -> `model_path` is returned for
+/// the caller to make in the engine's working directory.
+pub fn model_flags(
+    launch: Launch,
+    model_path: &str,
+    served: &str,
+) -> (Vec<String>, Option<(String, String)>) {
+    let path = model_path.to_owned();
+    let mut flags = match launch {
+        Launch::Engine(EngineKind::Atom) => {
+            let link = (served.to_owned(), path);
+            return (vec!["--model".into(), served.to_owned()], Some(link));
+        }
+        _ => match launch.engine() {
+            EngineKind::Vllm => vec![path],
+            EngineKind::Sglang => vec!["--model-path".into(), path],
+            EngineKind::Atom => vec!["--model".into(), path],
+        },
+    };
+    flags.extend(["--served-model-name".into(), served.to_owned()]);
+    (flags, None)
+}
+
 /// The variable through which an ATOM image with the earlier launchers' KV-event hook
 /// (a `.pth` bootstrap patching its block manager) publishes KV events: ATOM itself has
 /// no KV-event flag.
@@ -176,7 +214,7 @@ pub fn prepare_engine(input: &PrepareInput<'_>) -> PreparedEngine {
         }
     }
     if let Some(gid) = input.gid_index {
-        for name in ["MC_GID_INDEX", "NCCL_IB_GID_INDEX", "MORI_IB_GID_INDEX"] {
+        for name in GID_VARS {
             set(
                 &mut env,
                 &mut notes,
@@ -301,5 +339,39 @@ mod tests {
         assert_eq!(s.program, "/bin/infera-sim");
         assert_eq!(s.args[..2], args("--port 9")[..]);
         assert!(s.env.is_empty(), "the simulator needs no engine defaults");
+    }
+
+    #[test]
+    fn model_flags_name_the_weights_and_the_served_name() {
+        let flags = |launch| model_flags(launch, "/w", "org/m");
+        assert_eq!(
+            flags(Launch::Engine(EngineKind::Vllm)),
+            (args("/w --served-model-name org/m"), None)
+        );
+        assert_eq!(
+            flags(Launch::Engine(EngineKind::Sglang)),
+            (args("--model-path /w --served-model-name org/m"), None)
+        );
+        assert_eq!(
+            flags(Launch::Engine(EngineKind::Atom)),
+            (
+                args("--model org/m"),
+                Some(("org/m".to_owned(), "/w".to_owned()))
+            )
+        );
+        assert_eq!(
+            flags(Launch::Sim(EngineKind::Atom)),
+            (args("--model /w --served-model-name org/m"), None),
+            "the simulator takes a served name"
+        );
+        for (name, ok) in [
+            ("org/m", true),
+            ("m", true),
+            ("/abs", false),
+            ("a/../b", false),
+            ("", false),
+        ] {
+            assert_eq!(is_linkable_model_name(name), ok, "{name}");
+        }
     }
 }

@@ -37,11 +37,6 @@ impl RoceGid {
     }
 }
 
-/// The RoCEv2 GID index of the first RDMA device and port that has one.
-pub fn detect_gid_index(sysfs_root: &Path) -> Option<u32> {
-    detect_rocev2_gid(sysfs_root).map(|g| g.index)
-}
-
 /// The RoCEv2 GID of the first RDMA device and port that has one; ports whose `state`
 /// says they are not ACTIVE are skipped.
 pub fn detect_rocev2_gid(sysfs_root: &Path) -> Option<RoceGid> {
@@ -100,6 +95,10 @@ pub fn detect_rocev2_gid(sysfs_root: &Path) -> Option<RoceGid> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn detect_gid_index(sysfs_root: &Path) -> Option<u32> {
+        detect_rocev2_gid(sysfs_root).map(|g| g.index)
+    }
 
     fn gid(dir: &Path, dev: &str, port: u32, index: u32, kind: &str, value: &str) {
         let p = dir.join(format!("class/infiniband/{dev}/ports/{port}"));

@@ -88,9 +88,16 @@ async fn start_engine(
         tracing::info!("attach mode: waiting for the engine at {base_url}");
         EngineProcess::attach(base_url)
     } else {
-        let gid_index = args.gid_index.or_else(|| {
-            infera_engine_sidecar::gid::detect_gid_index(std::path::Path::new(&args.sysfs_root))
-        });
+        // The node's RDMA facts, read once, as the init container reads them for a pod.
+        let mut facts = node_env::read_node(
+            std::path::Path::new(&args.sysfs_root),
+            std::path::Path::new("/proc/modules"),
+            &node_env::is_local_address,
+        );
+        if args.gid_index.is_some() {
+            facts.gid_index = args.gid_index;
+        }
+        let gid_index = facts.gid_index;
         if gid_index.is_none() {
             tracing::info!(
                 "no RoCEv2 GID found under {}; RDMA variables left unset",
@@ -106,12 +113,6 @@ async fn start_engine(
             env_is_set: &|name| std::env::var_os(name).is_some(),
         });
         if let (Launch::Engine(engine), Some(_)) = (args.engine, gid_index) {
-            // The node's RDMA facts, as the init container writes them for a pod.
-            let facts = node_env::read_node(
-                std::path::Path::new(&args.sysfs_root),
-                std::path::Path::new("/proc/modules"),
-                &node_env::is_local_address,
-            );
             let settings = node_env::build_settings(engine, true, &facts);
             let (add, remove) = node_env::apply(&settings, &|n| {
                 prepared

@@ -10,11 +10,10 @@
 //! ([`render_sh`]); a launched engine gets them in its environment ([`apply`]).
 
 use crate::gid::detect_rocev2_gid;
+use infera_engine_prep::prepare::{GID_VARS, is_linkable_model_name};
 use infera_proto::worker::EngineKind;
 use std::path::Path;
 
-/// The variables that carry the RoCEv2 GID index, one per transfer engine.
-pub const GID_VARS: [&str; 3] = ["MC_GID_INDEX", "NCCL_IB_GID_INDEX", "MORI_IB_GID_INDEX"];
 /// The earlier launchers' GID index when none is found: the routable RoCEv2 entry of an
 /// AINIC (ionic) port.
 pub const FALLBACK_GID_INDEX: u32 = 1;
@@ -200,17 +199,13 @@ pub fn render_sh(settings: &[Setting], workdir: Option<&str>) -> String {
 /// engine that serves its model under the path it loads (ATOM) then loads `name` from
 /// `dir` and answers to it.
 pub fn link_model(dir: &Path, name: &str, target: &Path) -> std::io::Result<()> {
-    let relative = Path::new(name);
-    let plain = relative
-        .components()
-        .all(|c| matches!(c, std::path::Component::Normal(_)));
-    if !plain || name.is_empty() {
+    if !is_linkable_model_name(name) {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             format!("model name {name:?} is not a relative path"),
         ));
     }
-    let link = dir.join(relative);
+    let link = dir.join(name);
     if let Some(parent) = link.parent() {
         std::fs::create_dir_all(parent)?;
     }

@@ -4,7 +4,7 @@
 
 use super::plan::{Launch, LocalDeployment, LocalPlan, Role};
 use anyhow::{Context, Result, anyhow, bail};
-use infera_engine_prep::prepare::http_port_flag;
+use infera_engine_prep::prepare::{http_port_flag, model_flags};
 use infera_engine_sidecar::node_env::link_model;
 use infera_engine_sidecar::registration::{Registration, RegistrationState, run_registration};
 use infera_gateway::config::GatewayConfig;
@@ -206,13 +206,15 @@ fn sidecar_binary() -> std::path::PathBuf {
         .unwrap_or_else(|| "infera-engine-sidecar".into())
 }
 
-/// The sidecar's command line for a launched engine of `d` on `port`. ATOM answers to
-/// the model it loads and listens on `--server-port`: it loads the served name, which
-/// the caller links to the weights in the sidecar's working directory.
-fn local_engine_argv(d: &LocalDeployment, etcd: &str, port: u16) -> Vec<String> {
-    let engine = d.engine();
+/// The sidecar's command line for a launched engine of `d` on `port`, and the model link
+/// to make in its working directory (ATOM loads its served name, see `model_flags`).
+fn local_engine_argv(
+    d: &LocalDeployment,
+    etcd: &str,
+    port: u16,
+) -> (Vec<String>, Option<(String, String)>) {
     let mut args: Vec<String> = vec![
-        engine.as_str().into(),
+        d.engine().as_str().into(),
         "--etcd-endpoint".into(),
         etcd.into(),
         "--etcd-prefix".into(),
@@ -220,14 +222,8 @@ fn local_engine_argv(d: &LocalDeployment, etcd: &str, port: u16) -> Vec<String> 
         "--advertise-host".into(),
         "127.0.0.1".into(),
     ];
-    match engine {
-        EngineKind::Vllm => args.push(d.model_path.clone()),
-        EngineKind::Sglang => args.extend(["--model-path".into(), d.model_path.clone()]),
-        EngineKind::Atom => args.extend(["--model".into(), d.model().to_owned()]),
-    }
-    if engine != EngineKind::Atom {
-        args.extend(["--served-model-name".into(), d.model().to_owned()]);
-    }
+    let (model, link) = model_flags(d.plan.launch, &d.model_path, d.model());
+    args.extend(model);
     args.extend([
         http_port_flag(d.plan.launch).into(),
         port.to_string(),
@@ -235,17 +231,17 @@ fn local_engine_argv(d: &LocalDeployment, etcd: &str, port: u16) -> Vec<String> 
         d.tensor_parallel_size().to_string(),
     ]);
     args.extend(d.plan.engine.args.iter().cloned());
-    args
+    (args, link)
 }
 
 /// Launches a real engine through the sidecar (which registers it in etcd).
 fn launch_engine(d: &LocalDeployment, etcd: &str, port: u16) -> Result<tokio::process::Child> {
-    let args = local_engine_argv(d, etcd, port);
+    let (args, link) = local_engine_argv(d, etcd, port);
     let mut cmd = tokio::process::Command::new(sidecar_binary());
-    if d.engine() == EngineKind::Atom {
+    if let Some((name, target)) = link {
         let dir = std::env::temp_dir().join(format!("infera-up-{}-models", std::process::id()));
-        link_model(&dir, d.model(), std::path::Path::new(&d.model_path))
-            .with_context(|| format!("linking {} to {}", d.model(), d.model_path))?;
+        link_model(&dir, &name, std::path::Path::new(&target))
+            .with_context(|| format!("linking {name} to {target}"))?;
         cmd.current_dir(dir);
     }
     cmd.args(&args)
@@ -522,7 +518,8 @@ spec:
             &|_| true,
         )
         .unwrap();
-        let argv = local_engine_argv(&local.deployments[0], "http://e:2379", 31000);
+        let (argv, link) = local_engine_argv(&local.deployments[0], "http://e:2379", 31000);
+        assert_eq!(link, Some(("org/m".to_owned(), "/models/m".to_owned())));
         let tail = argv[7..].join(" ");
         assert_eq!(
             tail,

@@ -308,11 +308,7 @@ fn check_engine(
         return Ok(());
     }
     let name = &spec.model.name;
-    let relative = !name.is_empty()
-        && Path::new(name)
-            .components()
-            .all(|c| matches!(c, Component::Normal(_)));
-    if !relative {
+    if !infera_engine_prep::prepare::is_linkable_model_name(name) {
         return Err(ValidateError::Engine {
             field: "spec.model.name",
             reason: format!(

@@ -11,7 +11,7 @@ use crate::plan::{PdLeg, Plan, RolePlan};
 use crate::render::names::Role;
 use infera_engine_prep::Launch;
 use infera_engine_prep::prepare::{
-    PrepareInput, fp8_kv_cache_dtype, http_port_flag, launcher, prepare_engine,
+    PrepareInput, fp8_kv_cache_dtype, http_port_flag, launcher, model_flags, prepare_engine,
 };
 use infera_proto::pd::PdProtocol;
 use infera_proto::worker::EngineKind;
@@ -242,25 +242,8 @@ pub fn build_engine_command(plan: &Plan, role: &RolePlan, model_path: &str) -> E
     let runs = d.launch;
     let engine = runs.engine();
     let rdma = &d.network.rdma;
-    let mut args = Vec::new();
     let mut env = Vec::new();
-    let served = d.model.served_name.as_str();
-    let mut model_link = None;
-    match runs {
-        Launch::Engine(EngineKind::Atom) => {
-            // ATOM has no --served-model-name: it answers to the model it loads.
-            push(&mut args, "--model", served);
-            model_link = Some((served.to_owned(), model_path.to_owned()));
-        }
-        _ => {
-            match engine {
-                EngineKind::Sglang => push(&mut args, "--model-path", model_path),
-                EngineKind::Atom => push(&mut args, "--model", model_path),
-                EngineKind::Vllm => args.push(model_path.to_owned()),
-            }
-            push(&mut args, "--served-model-name", served);
-        }
-    }
+    let (mut args, model_link) = model_flags(runs, model_path, &d.model.served_name);
     push(&mut args, "--host", "0.0.0.0");
     push(&mut args, http_port_flag(runs), ENGINE_PORT.to_string());
     if runs.is_sim() {

@@ -8,6 +8,7 @@ use super::gateway_flags::{GatewaySite, build_gateway_args, nats_flags};
 use super::names;
 use super::pod::{model_mount, model_volume, placement, restricted_security};
 use super::secrets::{etcd_client_args, etcd_secrets, one_key, secret_volume};
+use super::workers::one_at_a_time;
 use super::{Child, Kind, child};
 use crate::api::ServiceType;
 use crate::plan::{Discovery, GatewayPlan, Plan, Tokenizer};
@@ -18,7 +19,6 @@ use k8s_openapi::api::core::v1::{
     Container, ContainerPort, HTTPGetAction, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
     Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
-use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role as RbacRole, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -318,25 +318,11 @@ pub fn build_gateway(plan: &Plan, model_path: &str) -> Vec<Child> {
     ];
     if g.replicas >= 2 {
         // Node drains take gateways one at a time; the rest keep serving.
-        let pdb = PodDisruptionBudget {
-            metadata: plan.owner.meta(
-                names::gateway(instance),
-                names::instance_labels(instance, "gateway"),
-            ),
-            spec: Some(PodDisruptionBudgetSpec {
-                max_unavailable: Some(IntOrString::Int(1)),
-                selector: Some(LabelSelector {
-                    match_labels: Some(names::gateway_selector(instance)),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        out.push(child(
-            Kind::PodDisruptionBudget,
-            pdb,
-            Some(&plan.owner.reference),
+        out.push(one_at_a_time(
+            plan,
+            names::gateway(instance),
+            names::instance_labels(instance, "gateway"),
+            names::gateway_selector(instance),
         ));
     }
     out

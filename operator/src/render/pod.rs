@@ -77,14 +77,12 @@ fn with_node_env(command: &[String]) -> Vec<String> {
 /// The init container of a real engine's pod: `infera-engine-sidecar node-env` finds the
 /// node's RDMA facts and makes the model link (see `infera_engine_sidecar::node_env`).
 fn node_env_container(plan: &Plan, engine: &EngineCommand) -> Option<Container> {
-    let d = &plan.deployment;
-    let Launch::Engine(kind) = d.launch else {
-        return None;
-    };
     if !needs_node_env(plan) {
         return None;
     }
-    let mut args: Vec<String> = vec!["node-env".into(), "--engine".into(), kind.as_str().into()];
+    let d = &plan.deployment;
+    let engine_word = d.launch.engine().as_str();
+    let mut args: Vec<String> = vec!["node-env".into(), "--engine".into(), engine_word.into()];
     if d.network.rdma.enabled {
         args.push("--rdma".into());
     }

@@ -16,6 +16,7 @@ use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec}
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::json;
+use std::collections::BTreeMap;
 
 /// A role's objects and which kind runs its workers.
 #[derive(Debug, Clone)]
@@ -52,16 +53,20 @@ fn headless_service(plan: &Plan, role: Role) -> Child {
     child(Kind::Service, service, Some(&plan.owner.reference))
 }
 
-fn disruption_budget(plan: &Plan, role: Role) -> Child {
+/// A PodDisruptionBudget `name` keeping all but one of the pods `selector` matches up
+/// through voluntary disruptions (node drains).
+pub fn one_at_a_time(
+    plan: &Plan,
+    name: String,
+    labels: BTreeMap<String, String>,
+    selector: BTreeMap<String, String>,
+) -> Child {
     let pdb = PodDisruptionBudget {
-        metadata: plan.owner.meta(
-            names::workers(&plan.owner.name, role),
-            names::role_labels(&plan.owner.name, role),
-        ),
+        metadata: plan.owner.meta(name, labels),
         spec: Some(PodDisruptionBudgetSpec {
             max_unavailable: Some(IntOrString::Int(1)),
             selector: Some(LabelSelector {
-                match_labels: Some(names::role_selector(&plan.owner.name, role)),
+                match_labels: Some(selector),
                 ..Default::default()
             }),
             ..Default::default()
@@ -69,6 +74,16 @@ fn disruption_budget(plan: &Plan, role: Role) -> Child {
         ..Default::default()
     };
     child(Kind::PodDisruptionBudget, pdb, Some(&plan.owner.reference))
+}
+
+fn disruption_budget(plan: &Plan, role: Role) -> Child {
+    let instance = plan.owner.name.as_str();
+    one_at_a_time(
+        plan,
+        names::workers(instance, role),
+        names::role_labels(instance, role),
+        names::role_selector(instance, role),
+    )
 }
 
 /// The objects of one role: `replicas` workers running `engine`.
