@@ -11,7 +11,7 @@
 use infera_e2e::deploy::ROLLOUT;
 use infera_e2e::etcd::ChartEtcd;
 use infera_e2e::{Cluster, eventually};
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// Small gateways: four deployments share the node's 2 CPUs.
 const SMALL_GATEWAY: &str = "gateway: {resources: {requests: {cpu: 50m, memory: 64Mi}}}";
@@ -34,6 +34,115 @@ spec:
   {SMALL_GATEWAY}
 "
     )
+}
+
+/// The deployment that also carries pod-template overrides.
+const OVERRIDDEN: &str = "pd-mori";
+
+/// Pod-template overrides for every engine pod, decode pods alone, and the gateway,
+/// added by a merge patch of the applied deployment (its workers roll to the new
+/// template).
+const OVERRIDE_PATCH: &str = r#"{"spec": {
+  "engine": {
+    "podTemplate": {
+      "metadata": {"labels": {"team": "llm"}},
+      "spec": {
+        "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "64Mi"}}],
+        "containers": [{"name": "engine",
+          "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+          "env": [{"name": "INFERA_E2E_OVERRIDE", "value": "1"}]}]
+      }
+    },
+    "rolePodTemplates": {"decode": {"metadata": {"annotations": {"infera.e2e/role": "decode"}}}}
+  },
+  "gateway": {"podTemplate": {"metadata": {"labels": {"team": "llm"}}}}
+}}"#;
+
+/// What is wrong with one running engine pod of the overridden deployment, if anything:
+/// every engine pod has the label, the scratch volume mounted in its engine and the
+/// env; decode pods alone the annotation.
+fn override_missing(pod: &Value) -> Option<String> {
+    let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+    let engine = pod["spec"]["containers"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == "engine")?;
+    let has = |list: &str, key: &str, value: &str, key2: &str, value2: &str| {
+        engine[list]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|m| m[key] == value && m[key2] == value2))
+    };
+    let decode = pod["metadata"]["labels"]["infera.amd.com/role"] == "decode";
+    let checks = [
+        ("label team=llm", pod["metadata"]["labels"]["team"] == "llm"),
+        ("phase Running", pod["status"]["phase"] == "Running"),
+        (
+            "not terminating",
+            pod["metadata"]["deletionTimestamp"].is_null(),
+        ),
+        (
+            "/scratch mounted",
+            has("volumeMounts", "name", "scratch", "mountPath", "/scratch"),
+        ),
+        (
+            "env INFERA_E2E_OVERRIDE",
+            has("env", "name", "INFERA_E2E_OVERRIDE", "value", "1"),
+        ),
+        (
+            "the decode annotation on decode pods only",
+            pod["metadata"]["annotations"]["infera.e2e/role"].as_str()
+                == decode.then_some("decode"),
+        ),
+    ];
+    checks
+        .iter()
+        .find(|(_, ok)| !ok)
+        .map(|(what, _)| format!("{name}: {what}"))
+}
+
+/// The overrides reached the running pods once the workers rolled: both engine pods
+/// (see [`override_missing`]) and the gateway pods' label.
+async fn assert_overrides_on_running_pods(cluster: &Cluster, ns: &str) {
+    let gateway_pods =
+        format!("infera.amd.com/deployment={OVERRIDDEN},app.kubernetes.io/component=gateway");
+    eventually(
+        cluster,
+        ns,
+        "the overrides on the running pods",
+        ROLLOUT,
+        || {
+            let gateway_pods = gateway_pods.clone();
+            async move {
+                let pods = cluster
+                    .engine_pods(ns, OVERRIDDEN)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if pods.len() != 2 {
+                    return Err(format!("{} engine pods", pods.len()));
+                }
+                if let Some(missing) = pods.iter().find_map(override_missing) {
+                    return Err(missing);
+                }
+                let gateways = cluster
+                    .pods(ns, &gateway_pods)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                match gateways
+                    .iter()
+                    .find(|p| p["metadata"]["labels"]["team"] != "llm")
+                {
+                    Some(p) => Err(format!(
+                        "gateway {} without the label",
+                        p["metadata"]["name"]
+                    )),
+                    None if gateways.is_empty() => Err("no gateway pod".into()),
+                    None => Ok(()),
+                }
+            }
+        },
+    )
+    .await
+    .unwrap();
 }
 
 #[tokio::test]
@@ -94,6 +203,22 @@ async fn every_pd_layout_serves_prefill_then_decode_through_its_gateway_service(
             .apply(&ns, &pd_manifest(name, flavor, layout, transport))
             .await
             .unwrap();
+        if name == OVERRIDDEN {
+            cluster
+                .kubectl(&[
+                    "patch",
+                    "idep",
+                    "-n",
+                    &ns,
+                    name,
+                    "--type",
+                    "merge",
+                    "-p",
+                    OVERRIDE_PATCH,
+                ])
+                .await
+                .unwrap();
+        }
     }
     for (name, _, _, _, protocol, prefill, decode) in cases {
         let idep = cluster.wait_ready(&ns, name).await.unwrap();
@@ -117,6 +242,9 @@ async fn every_pd_layout_serves_prefill_then_decode_through_its_gateway_service(
             "{name}: {roles:?}"
         );
 
+        if name == OVERRIDDEN {
+            assert_overrides_on_running_pods(&cluster, &ns).await;
+        }
         let gateway = cluster
             .gateway_on_node_port(&ns, name, (prefill + decode) as usize)
             .await

@@ -127,6 +127,16 @@ async fn every_example_applies_and_scale_and_explain_work() {
             "k8s.v1.cni.cncf.io/networks",
         ),
         ("spec.gateway.scheduling", "PodDisruptionBudget"),
+        (
+            "spec.engine.podTemplate",
+            "strategic-merge rules (as `kubectl patch` would)",
+        ),
+        ("spec.engine.rolePodTemplates", "merged after `podTemplate`"),
+        ("spec.gateway.podTemplate", "the container is `gateway`"),
+        (
+            "spec.network.rdma.hostDevices",
+            "no RDMA resource is requested",
+        ),
     ] {
         let path = format!("inferadeployment.{field}");
         let (ok, text, err) = kubectl(&kubeconfig, &["explain", &path], None);
@@ -197,6 +207,21 @@ async fn invalid_manifests_are_rejected_with_a_message_naming_the_field() {
             "hostNetwork with RDMA off",
             with_spec(BASE, &["network: {rdma: {hostNetwork: true}}"]),
             "spec.network.rdma.hostNetwork is an RDMA opt-in",
+        ),
+        (
+            "hostDevices with rails",
+            with_spec(
+                BASE,
+                &[
+                    "network: {rdma: {enabled: true, hostDevices: true, rails: [{resourceName: amd.com/rdma-rail0}]}}",
+                ],
+            ),
+            "spec.network.rdma.hostDevices mounts the host's devices instead of requesting device-plugin resources: remove rails",
+        ),
+        (
+            "a pod template that is not an object",
+            with_spec(BASE, &["gateway: {podTemplate: [1]}"]),
+            "spec.gateway.podTemplate: Invalid value",
         ),
         (
             "two model sources",

@@ -24,7 +24,7 @@ use infera_operator::render::{Kind, render};
 use infera_proto::worker::EngineKind;
 use serde_json::{Value, json};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 /// One command line for one engine's parser.
@@ -33,22 +33,6 @@ struct Case {
     name: String,
     engine: EngineKind,
     argv: Vec<String>,
-}
-
-fn load(path: &Path) -> (Vec<InferaDeployment>, Vec<PDTopology>) {
-    let text = std::fs::read_to_string(path).unwrap();
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
-    let (mut deps, mut topos) = (Vec::new(), Vec::new());
-    for mut doc in docs {
-        doc["metadata"]["namespace"] = json!("infera");
-        doc["metadata"]["uid"] = json!("uid-1");
-        match doc["kind"].as_str() {
-            Some("InferaDeployment") => deps.push(serde_json::from_value(doc).unwrap()),
-            Some("PDTopology") => topos.push(serde_json::from_value(doc).unwrap()),
-            _ => {}
-        }
-    }
-    (deps, topos)
 }
 
 /// What the kubelet substitutes for `$(VAR)` in an engine pod's command.
@@ -128,22 +112,18 @@ fn rendered(label: &str, dep: &InferaDeployment, topos: &[PDTopology]) -> Vec<Ca
     out
 }
 
-fn example(name: &str) -> (Vec<InferaDeployment>, Vec<PDTopology>) {
-    load(&support::repo().join(format!("examples/{name}/deployment.yaml")))
-}
-
 /// The examples, then variants for what no example shows.
 fn operator_cases() -> Vec<Case> {
     let mut cases = Vec::new();
     for dir in support::example_dirs() {
-        let (deps, topos) = load(&dir.join("deployment.yaml"));
+        let (deps, topos) = support::load_manifests(&dir.join("deployment.yaml"));
         let label = dir.file_name().unwrap().to_string_lossy().into_owned();
         for dep in &deps {
             cases.extend(rendered(&label, dep, &topos));
         }
     }
     // vLLM over MoRI, writing and reading.
-    let (deps, topos) = example("vllm-2p1d-mooncake");
+    let (deps, topos) = support::example("vllm-2p1d-mooncake");
     for read in [false, true] {
         let mut t = topos.clone();
         t[0].spec.transport.backend = TransportBackend::Mori;
@@ -151,18 +131,18 @@ fn operator_cases() -> Vec<Case> {
         cases.extend(rendered(&format!("vllm mori read={read}"), &deps[0], &t));
     }
     // SGLang over Mooncake; SGLang mixed on one node.
-    let (deps, topos) = example("sglang-1p1d-mori");
+    let (deps, topos) = support::example("sglang-1p1d-mori");
     let mut t = topos.clone();
     t[0].spec.transport.backend = TransportBackend::Mooncake;
     cases.extend(rendered("sglang mooncake", &deps[0], &t));
-    let (deps, topos) = example("multi-node-worker");
+    let (deps, topos) = support::example("multi-node-worker");
     let mut one = deps[0].clone();
     one.spec.engine.parallelism.nodes_per_worker = 1;
     one.spec.engine.parallelism.gpus_per_worker = None;
     one.spec.engine.parallelism.tensor_parallel_size = 8;
     cases.extend(rendered("sglang mixed", &one, &topos));
     // vLLM spanning nodes (leader and headless follower), with data parallelism.
-    let (deps, topos) = example("vllm-mixed-fp8-mi355x");
+    let (deps, topos) = support::example("vllm-mixed-fp8-mi355x");
     let mut multi = deps[0].clone();
     multi.spec.engine.parallelism.nodes_per_worker = 2;
     multi.spec.engine.parallelism.data_parallel_size = 2;
@@ -173,7 +153,7 @@ fn operator_cases() -> Vec<Case> {
         ("sglang", "multi-node-worker"),
         ("atom", "atom-1p2d"),
     ] {
-        let (deps, topos) = example(engine_example);
+        let (deps, topos) = support::example(engine_example);
         for q in [Quantization::Bf16, Quantization::Fp8, Quantization::Mxfp4] {
             for dtype in [KvCacheDtype::Auto, KvCacheDtype::Bf16, KvCacheDtype::Fp8] {
                 let mut d = deps[0].clone();
@@ -185,12 +165,12 @@ fn operator_cases() -> Vec<Case> {
         }
     }
     // ATOM mixed; vLLM mixed with kvd.
-    let (deps, topos) = example("atom-1p2d");
+    let (deps, topos) = support::example("atom-1p2d");
     let mut mixed = deps[0].clone();
     mixed.spec.serving.mode = infera_operator::api::ServingMode::Mixed;
     mixed.spec.serving.topology_ref = None;
     cases.extend(rendered("atom mixed", &mixed, &topos));
-    let (mut deps, topos) = example("mxfp4");
+    let (mut deps, topos) = support::example("mxfp4");
     deps[0].spec.kv_cache.enabled = true;
     cases.extend(rendered("vllm mixed kvd", &deps[0], &topos));
     cases

@@ -253,6 +253,49 @@ pub struct EngineSpec {
     #[serde(default = "gpu_resource_name")]
     #[schemars(length(min = 1, max = 253))]
     pub gpu_resource_name: String,
+    /// A pod template merged onto every engine pod Infera renders, by Kubernetes'
+    /// strategic-merge rules (as `kubectl patch` would): maps merge, `null` deletes,
+    /// containers, volumes, env, ports and mounts merge by name (mount path, port),
+    /// other lists are replaced; `$patch: delete|replace` work. E.g. extra volumes and
+    /// mounts, pod labels and annotations, an image pull secret, a container's
+    /// securityContext (the engine container is `engine`; init containers `node-env`,
+    /// `kvd`, `sidecar`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "pod_template_schema")]
+    pub pod_template: Option<serde_json::Value>,
+    /// Pod templates for one role of a disaggregated deployment, merged after
+    /// `podTemplate`.
+    #[serde(default, skip_serializing_if = "RolePodTemplates::is_empty")]
+    pub role_pod_templates: RolePodTemplates,
+}
+
+/// Per-role pod templates.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolePodTemplates {
+    /// Merged onto prefill pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "pod_template_schema")]
+    pub prefill: Option<serde_json::Value>,
+    /// Merged onto decode pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "pod_template_schema")]
+    pub decode: Option<serde_json::Value>,
+}
+
+impl RolePodTemplates {
+    fn is_empty(&self) -> bool {
+        self.prefill.is_none() && self.decode.is_none()
+    }
+}
+
+/// A strategic-merge patch of a `PodTemplateSpec` (`metadata`, `spec`): any object, read
+/// as a pod template when merged.
+fn pod_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
 }
 
 fn gpu_resource_name() -> String {
@@ -368,6 +411,8 @@ fn yes() -> bool {
 #[x_kube(validation = Rule::new("self.enabled || !has(self.gidIndex)").message("spec.network.rdma.gidIndex is set but RDMA is off: set spec.network.rdma.enabled: true or remove gidIndex"))]
 #[x_kube(validation = Rule::new("self.enabled || size(self.interfaces) == 0").message("spec.network.rdma.interfaces are set but RDMA is off: set spec.network.rdma.enabled: true or remove interfaces"))]
 #[x_kube(validation = Rule::new("self.enabled || !self.hostNetwork").message("spec.network.rdma.hostNetwork is an RDMA opt-in: set spec.network.rdma.enabled: true or remove hostNetwork"))]
+#[x_kube(validation = Rule::new("self.enabled || !self.hostDevices").message("spec.network.rdma.hostDevices is an RDMA opt-in: set spec.network.rdma.enabled: true or remove hostDevices"))]
+#[x_kube(validation = Rule::new("!self.hostDevices || size(self.rails) == 0").message("spec.network.rdma.hostDevices mounts the host's devices instead of requesting device-plugin resources: remove rails"))]
 pub struct RdmaSpec {
     /// Use RDMA.
     #[serde(default)]
@@ -400,6 +445,12 @@ pub struct RdmaSpec {
     /// Run engine pods in the host network namespace (only where the RDMA setup needs it).
     #[serde(default)]
     pub host_network: bool,
+    /// For nodes without an RDMA device plugin: mount the host's /dev/infiniband into
+    /// the engine container and run it privileged (the device cgroup admits a device a
+    /// plugin handed out, or any device for a privileged container); no RDMA resource is
+    /// requested. Off by default: devices come from the device plugin.
+    #[serde(default)]
+    pub host_devices: bool,
 }
 
 /// An extended resource's name (`[domain/]name`).
@@ -429,6 +480,7 @@ impl Default for RdmaSpec {
             gid_index: None,
             interfaces: Vec::new(),
             host_network: false,
+            host_devices: false,
         }
     }
 }
@@ -518,6 +570,11 @@ pub struct GatewaySpec {
     /// PodDisruptionBudget keeps all but one up through node drains.
     #[serde(default)]
     pub scheduling: SchedulingSpec,
+    /// A pod template merged onto gateway pods by strategic-merge rules, as
+    /// spec.engine.podTemplate is onto engine pods (the container is `gateway`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "pod_template_schema")]
+    pub pod_template: Option<serde_json::Value>,
 }
 
 /// The gateway's certificate.
@@ -546,6 +603,7 @@ impl Default for GatewaySpec {
             metrics_require_auth: false,
             tls: None,
             scheduling: SchedulingSpec::default(),
+            pod_template: None,
         }
     }
 }

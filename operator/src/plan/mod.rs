@@ -188,6 +188,17 @@ pub struct RolePlan {
     pub gpus: u32,
     /// The prefill/decode connector, for those roles.
     pub pd: Option<PdLeg>,
+    /// The user's pod-template overrides for this role, in merge order.
+    pub pod_overrides: Vec<PodOverride>,
+}
+
+/// A user's pod-template patch, merged by strategic-merge rules onto a rendered template.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodOverride {
+    /// The spec field it came from (for errors), e.g. `spec.engine.podTemplate`.
+    pub field: String,
+    /// The patch.
+    pub patch: serde_json::Value,
 }
 
 /// Where a role's worker sits in a prefill/decode pair, and over what.
@@ -220,6 +231,8 @@ pub struct GatewayPlan {
     pub tls: Option<GatewayTls>,
     /// Where gateway pods are scheduled.
     pub scheduling: SchedulingSpec,
+    /// The user's pod-template override for gateway pods.
+    pub pod_override: Option<PodOverride>,
 }
 
 /// kvd's tiers, in bytes.

@@ -3,14 +3,14 @@
 
 use super::{
     DeploymentPlan, Discovery, EnginePlan, GatewayPlan, GatewayRouting, KvdPlan, ModelPlan,
-    ModelVolume, NvmePlan, Owner, PdLeg, Plan, Platform, RolePlan,
+    ModelVolume, NvmePlan, Owner, PdLeg, Plan, Platform, PodOverride, RolePlan,
 };
 use crate::api::resolve::{
     Launch, ResolveError, Workers, gpus_per_worker, launch, resolve_workers, unit_size,
 };
 use crate::api::{
     DiscoveryBackend, EtcdSpec, InferaDeployment, InferaDeploymentSpec, MessagingBackend,
-    PDTopology, Parallelism, RoleSpec,
+    PDTopology, Parallelism, RoleSpec, ServingMode,
 };
 use crate::render::{names, quantity};
 use kube::Resource;
@@ -84,6 +84,14 @@ pub enum ValidateError {
         /// Why, and what to write instead.
         reason: String,
     },
+    /// A `podTemplate` override that cannot be merged or is not a pod template.
+    #[error("{field}: {reason}")]
+    PodTemplate {
+        /// Where in the spec, down to the patch's own path.
+        field: String,
+        /// Why, and what to write instead.
+        reason: String,
+    },
     /// The object was never stored (no uid for owner references).
     #[error("the InferaDeployment has no uid or namespace yet")]
     NotStored,
@@ -103,6 +111,7 @@ impl ValidateError {
             Self::Quantity { .. } => "InvalidQuantity",
             Self::NvmePathNotAllowed { .. } => "NvmePathNotAllowed",
             Self::Engine { .. } => "UnsupportedByEngine",
+            Self::PodTemplate { .. } => "InvalidPodTemplate",
             Self::NotStored => "NotStored",
         }
     }
@@ -212,6 +221,7 @@ pub fn plan_deployment(
     let kvd = kvd_plan(spec)?;
     let launch = launch(spec.engine.kind, spec.engine.sim_flavor);
     check_engine(spec, launch, topology)?;
+    check_role_templates(spec)?;
     let workers = resolve_workers(
         spec,
         topology.map(|t| (t.metadata.name.as_deref().unwrap_or_default(), &t.spec)),
@@ -228,6 +238,7 @@ pub fn plan_deployment(
                 args: Vec::new(),
                 resources: spec.engine.resources.clone(),
                 pd: None,
+                pod_overrides: pod_overrides(spec, Role::Mixed),
             }]
         }
         Workers::Disaggregated {
@@ -289,6 +300,10 @@ pub fn plan_deployment(
             metrics_require_auth: g.metrics_require_auth,
             tls: g.tls.clone(),
             scheduling: g.scheduling.clone(),
+            pod_override: g.pod_template.as_ref().map(|patch| PodOverride {
+                field: "spec.gateway.podTemplate".into(),
+                patch: patch.clone(),
+            }),
         },
         kvd,
         network: spec.network.clone(),
@@ -364,7 +379,46 @@ fn topology_role(
             .clone()
             .or_else(|| spec.engine.resources.clone()),
         pd: Some(leg.clone()),
+        pod_overrides: pod_overrides(spec, role),
     }
+}
+
+/// The pod-template overrides of `role`: the engine's, then the role's own.
+fn pod_overrides(spec: &InferaDeploymentSpec, role: Role) -> Vec<PodOverride> {
+    let per_role = &spec.engine.role_pod_templates;
+    let own = match role {
+        Role::Mixed => None,
+        Role::Prefill => per_role.prefill.as_ref().map(|p| ("prefill", p)),
+        Role::Decode => per_role.decode.as_ref().map(|p| ("decode", p)),
+    };
+    let engine = spec
+        .engine
+        .pod_template
+        .as_ref()
+        .map(|p| ("spec.engine.podTemplate".to_owned(), p));
+    let own = own.map(|(r, p)| (format!("spec.engine.rolePodTemplates.{r}"), p));
+    engine
+        .into_iter()
+        .chain(own)
+        .map(|(field, patch)| PodOverride {
+            field,
+            patch: patch.clone(),
+        })
+        .collect()
+}
+
+/// Role templates name roles of a prefill/decode deployment only.
+fn check_role_templates(spec: &InferaDeploymentSpec) -> Result<(), ValidateError> {
+    let per_role = &spec.engine.role_pod_templates;
+    if spec.serving.mode == ServingMode::Mixed
+        && (per_role.prefill.is_some() || per_role.decode.is_some())
+    {
+        return Err(ValidateError::PodTemplate {
+            field: "spec.engine.rolePodTemplates".into(),
+            reason: "prefill and decode templates apply to serving.mode: disaggregated; a mixed deployment takes spec.engine.podTemplate".into(),
+        });
+    }
+    Ok(())
 }
 
 /// The model volume of deployment `name`.

@@ -451,8 +451,8 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
         etcd_client_tls: etcd_client_tls.as_ref(),
     };
     let selector = names::engine_selector_string(&name);
-    let rendered = match validate(idep, observed, &ctx.settings.platform) {
-        Ok(plan) => build(&plan),
+    let rendered = match validate(idep, observed, &ctx.settings.platform).and_then(|p| build(&p)) {
+        Ok(rendered) => rendered,
         Err(e) => {
             let (reason, message) = (e.reason().to_owned(), e.to_string());
             tracing::warn!(deployment = %name, namespace = %namespace, "{reason}: {message}");

@@ -6,12 +6,13 @@
 use super::engine::{ENGINE_PORT, MODEL_MOUNT};
 use super::gateway_flags::{GatewaySite, build_gateway_args, nats_flags};
 use super::names;
+use super::overrides::apply_overrides;
 use super::pod::{model_mount, model_volume, placement, restricted_security};
 use super::secrets::{etcd_client_args, etcd_secrets, one_key, secret_volume};
 use super::workers::one_at_a_time;
 use super::{Child, Kind, child};
 use crate::api::ServiceType;
-use crate::plan::{Discovery, GatewayPlan, Plan, Tokenizer};
+use crate::plan::{Discovery, GatewayPlan, Plan, Tokenizer, ValidateError};
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
@@ -216,7 +217,7 @@ fn default_resources() -> ResourceRequirements {
 }
 
 /// The gateway Deployment and Service, the model folder at `model_path` in its pod.
-pub fn build_gateway(plan: &Plan, model_path: &str) -> Vec<Child> {
+pub fn build_gateway(plan: &Plan, model_path: &str) -> Result<Vec<Child>, ValidateError> {
     let instance = plan.owner.name.as_str();
     let g = &plan.deployment.gateway;
     let name = names::gateway(instance);
@@ -252,6 +253,23 @@ pub fn build_gateway(plan: &Plan, model_path: &str) -> Vec<Child> {
         volume_mounts: (!mounts.is_empty()).then_some(mounts),
         ..Default::default()
     };
+    let template = PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(labels.clone()),
+            ..Default::default()
+        }),
+        spec: Some(PodSpec {
+            service_account_name: Some(names::gateway(instance)),
+            // Only Kubernetes discovery talks to the API server.
+            automount_service_account_token: Some(plan.discovery == Discovery::Kubernetes),
+            termination_grace_period_seconds: Some(GATEWAY_GRACE_S),
+            containers: vec![container],
+            volumes: (!volumes.is_empty()).then_some(volumes),
+            enable_service_links: Some(false),
+            ..placement(&g.scheduling)
+        }),
+    };
+    let template = apply_overrides(template, &g.pod_override.iter().collect::<Vec<_>>())?;
     let deployment = Deployment {
         metadata: plan.owner.meta(name.clone(), labels.clone()),
         spec: Some(DeploymentSpec {
@@ -267,22 +285,7 @@ pub fn build_gateway(plan: &Plan, model_path: &str) -> Vec<Child> {
                     max_unavailable: Some(IntOrString::Int(0)),
                 }),
             }),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels.clone()),
-                    ..Default::default()
-                }),
-                spec: Some(PodSpec {
-                    service_account_name: Some(names::gateway(instance)),
-                    // Only Kubernetes discovery talks to the API server.
-                    automount_service_account_token: Some(plan.discovery == Discovery::Kubernetes),
-                    termination_grace_period_seconds: Some(GATEWAY_GRACE_S),
-                    containers: vec![container],
-                    volumes: (!volumes.is_empty()).then_some(volumes),
-                    enable_service_links: Some(false),
-                    ..placement(&g.scheduling)
-                }),
-            },
+            template,
             ..Default::default()
         }),
         ..Default::default()
@@ -325,5 +328,5 @@ pub fn build_gateway(plan: &Plan, model_path: &str) -> Vec<Child> {
             names::gateway_selector(instance),
         ));
     }
-    out
+    Ok(out)
 }

@@ -14,9 +14,11 @@ pub mod gateway_flags;
 pub mod model;
 pub mod names;
 pub mod network_policy;
+pub mod overrides;
 pub mod pod;
 pub mod quantity;
 pub mod secrets;
+pub mod strategic_merge;
 pub mod token;
 pub mod workers;
 
@@ -198,11 +200,12 @@ pub fn render(
     observed: Observed<'_>,
     platform: &Platform,
 ) -> Result<Rendered, ValidateError> {
-    validate(idep, observed, platform).map(|plan| build(&plan))
+    validate(idep, observed, platform).and_then(|plan| build(&plan))
 }
 
 /// Builds every child of the deployment `plan` describes.
-pub fn build(plan: &Plan) -> Rendered {
+/// Fails only on a `podTemplate` override that does not merge into a pod template.
+pub fn build(plan: &Plan) -> Result<Rendered, ValidateError> {
     let d = &plan.deployment;
     let name = &plan.owner.name;
     let mut children = Vec::new();
@@ -225,7 +228,7 @@ pub fn build(plan: &Plan) -> Rendered {
         let command = engine::build_engine_command(plan, role, &model_path);
         let desired = i32::try_from(role.workers).unwrap_or(i32::MAX);
         let rendered = if plan.model_ready { desired } else { 0 };
-        let set = workers::build_role_set(plan, role, rendered, &command);
+        let set = workers::build_role_set(plan, role, rendered, &command)?;
         role_workers.push(RoleWorkers {
             role: role.role,
             desired,
@@ -235,14 +238,14 @@ pub fn build(plan: &Plan) -> Rendered {
         });
         children.extend(set.children);
     }
-    children.extend(gateway::build_gateway(plan, &model_path));
+    children.extend(gateway::build_gateway(plan, &model_path)?);
     children.sort_by_key(|c| Kind::ALL.iter().position(|k| *k == c.kind));
     let scheme = if d.gateway.tls.is_some() {
         "https"
     } else {
         "http"
     };
-    Rendered {
+    Ok(Rendered {
         children,
         roles: role_workers,
         unit: d.roles.iter().map(|r| (r.role, r.unit)).collect(),
@@ -254,7 +257,7 @@ pub fn build(plan: &Plan) -> Rendered {
             plan.owner.namespace,
             d.gateway.service.port
         ),
-    }
+    })
 }
 
 #[cfg(test)]

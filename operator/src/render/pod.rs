@@ -241,6 +241,16 @@ fn kvd_security(nvme: bool) -> SecurityContext {
 
 /// The engine container's resources: the user's CPU and memory plus GPUs and RDMA
 /// devices (extended resources: requests equal limits).
+/// The volume of the host's RDMA devices (`network.rdma.hostDevices`).
+const RDMA_DEVICES: &str = "rdma-devices";
+const RDMA_DEVICES_PATH: &str = "/dev/infiniband";
+
+/// The engine mounts the host's RDMA devices instead of a device plugin's.
+fn host_devices(plan: &Plan) -> bool {
+    let rdma = &plan.deployment.network.rdma;
+    rdma.enabled && rdma.host_devices
+}
+
 fn engine_resources(plan: &Plan, role: &RolePlan) -> ResourceRequirements {
     let mut res = role.resources.clone().unwrap_or_default();
     let mut extended = BTreeMap::new();
@@ -251,7 +261,7 @@ fn engine_resources(plan: &Plan, role: &RolePlan) -> ResourceRequirements {
         );
     }
     let rdma = &plan.deployment.network.rdma;
-    if rdma.enabled && rdma.rails.is_empty() {
+    if rdma.enabled && rdma.rails.is_empty() && !rdma.host_devices {
         extended.insert(rdma.resource_name.clone(), quantity(rdma.count.to_string()));
     }
     for rail in rdma.rails.iter().filter(|_| rdma.enabled) {
@@ -372,6 +382,16 @@ fn volumes(plan: &Plan) -> Vec<Volume> {
             .into_iter()
             .map(|(v, _)| v),
     );
+    if host_devices(plan) {
+        v.push(Volume {
+            name: RDMA_DEVICES.into(),
+            host_path: Some(HostPathVolumeSource {
+                path: RDMA_DEVICES_PATH.into(),
+                type_: Some("Directory".into()),
+            }),
+            ..Default::default()
+        });
+    }
     if needs_node_env(plan) {
         v.push(Volume {
             name: "engine-env".into(),
@@ -545,6 +565,9 @@ fn engine_container(input: &PodInput<'_>) -> Container {
     env.extend(plain_env(&input.engine.env));
     env.extend(d.engine.env.iter().cloned());
     let mut mounts = vec![mount("dshm", "/dev/shm"), model_mount()];
+    if host_devices(plan) {
+        mounts.push(mount(RDMA_DEVICES, RDMA_DEVICES_PATH));
+    }
     if needs_node_env(plan) {
         mounts.push(mount("engine-env", ENGINE_ENV_DIR));
     }
@@ -615,7 +638,7 @@ fn engine_container(input: &PodInput<'_>) -> Container {
             }),
             ..Default::default()
         }),
-        security_context: engine_security(d.launch, d.network.rdma.enabled),
+        security_context: engine_security(d.launch, d.network.rdma.enabled, host_devices(plan)),
         ..Default::default()
     }
 }
@@ -626,7 +649,15 @@ fn engine_container(input: &PodInput<'_>) -> Container {
 /// without `CAP_SYS_NICE`); with RDMA they add `IPC_LOCK` to pin memory for the NIC.
 /// Pod Security: "restricted" for simulated engines with a PVC or Hugging Face model,
 /// "baseline" for real ones without RDMA, "privileged" with it (or with a hostPath).
-fn engine_security(launch: Launch, rdma: bool) -> Option<SecurityContext> {
+/// `network.rdma.hostDevices` makes the engine container privileged: the only way a
+/// device node mounted from the host, not handed out by a plugin, opens.
+fn engine_security(launch: Launch, rdma: bool, host_devices: bool) -> Option<SecurityContext> {
+    if host_devices {
+        return Some(SecurityContext {
+            privileged: Some(true),
+            ..Default::default()
+        });
+    }
     if launch.is_sim() {
         return Some(restricted_security());
     }

@@ -1357,3 +1357,98 @@ fn gateways_are_placed_apart_from_the_engines_and_kept_through_drains() {
         "a single gateway has nothing to keep up"
     );
 }
+
+#[test]
+fn pod_template_overrides_merge_per_role_and_for_the_gateway() {
+    let (mut deps, topos) = load(&repo().join("examples/vllm-2p1d-mooncake/deployment.yaml"));
+    let engine = &mut deps[0].spec.engine;
+    engine.pod_template = Some(json!({
+        "metadata": {"labels": {"team": "llm"}},
+        "spec": {"containers": [{"name": "engine", "env": [{"name": "NCCL_DEBUG", "value": "WARN"}]}]}
+    }));
+    engine.role_pod_templates.decode = Some(json!({
+        "metadata": {"labels": {"team": "decode"}},
+        "spec": {"priorityClassName": "decode-first"}
+    }));
+    deps[0].spec.gateway.pod_template =
+        Some(json!({"spec": {"imagePullSecrets": [{"name": "registry"}]}}));
+    let r = render_example(&deps[0], &topos, true);
+    let prefill = engine_pod(&r, "qwen3-235b-prefill");
+    let decode = engine_pod(&r, "qwen3-235b-decode");
+    assert_eq!(prefill["metadata"]["labels"]["team"], "llm");
+    assert_eq!(
+        decode["metadata"]["labels"]["team"], "decode",
+        "the role's own wins"
+    );
+    assert!(prefill["spec"].get("priorityClassName").is_none());
+    assert_eq!(decode["spec"]["priorityClassName"], "decode-first");
+    for pod in [&prefill, &decode] {
+        let engine = container(pod, "containers", "engine");
+        assert_eq!(env_value(engine, "NCCL_DEBUG").as_deref(), Some("WARN"));
+        assert!(engine["image"].is_string(), "merged, not replaced");
+    }
+    let gw = find(&r, Kind::Deployment, "qwen3-235b-gateway");
+    assert_eq!(
+        gw["spec"]["template"]["spec"]["imagePullSecrets"],
+        json!([{"name": "registry"}])
+    );
+
+    let platform = Platform::with_images(images());
+    let observed = Observed {
+        topology: topos.first(),
+        model_ready: true,
+        ..Default::default()
+    };
+    let mut typo = deps[0].clone();
+    typo.spec.engine.role_pod_templates.decode =
+        Some(json!({"spec": {"nodeSelectr": {"rack": "a"}}}));
+    let e = render(&typo, observed, &platform).unwrap_err();
+    assert_eq!(e.reason(), "InvalidPodTemplate");
+    assert!(
+        e.to_string()
+            .starts_with("spec.engine.rolePodTemplates.decode.spec.nodeSelectr: no such field"),
+        "{e}"
+    );
+    let (mut mixed, topos) = load(&repo().join("examples/vllm-mixed-fp8-mi355x/deployment.yaml"));
+    mixed[0].spec.engine.role_pod_templates.prefill = Some(json!({}));
+    let e = render(&mixed[0], Observed::default(), &platform).unwrap_err();
+    assert!(
+        e.to_string().starts_with("spec.engine.rolePodTemplates: prefill and decode templates apply to serving.mode: disaggregated"),
+        "{e}"
+    );
+    assert!(topos.is_empty());
+}
+
+#[test]
+fn host_rdma_devices_only_as_an_opt_in() {
+    let (mut deps, topos) = load(&repo().join("examples/vllm-mixed-fp8-mi355x/deployment.yaml"));
+    deps[0].spec.network.rdma.enabled = true;
+    let plugin = engine_pod(&render_example(&deps[0], &topos, true), "llama-70b-mixed");
+    let engine = container(&plugin, "containers", "engine");
+    assert_eq!(engine["resources"]["limits"]["rdma/hca"], "1");
+    assert_eq!(
+        engine["securityContext"]["capabilities"]["add"],
+        json!(["IPC_LOCK"])
+    );
+    assert!(engine["securityContext"].get("privileged").is_none());
+    assert!(
+        !plugin.to_string().contains("/dev/infiniband"),
+        "devices come from the device plugin"
+    );
+
+    deps[0].spec.network.rdma.host_devices = true;
+    let host = engine_pod(&render_example(&deps[0], &topos, true), "llama-70b-mixed");
+    let engine = container(&host, "containers", "engine");
+    assert!(engine["resources"]["limits"].get("rdma/hca").is_none());
+    assert_eq!(engine["resources"]["limits"]["amd.com/gpu"], "8");
+    assert_eq!(engine["securityContext"], json!({"privileged": true}));
+    assert!(
+        engine["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": "rdma-devices", "mountPath": "/dev/infiniband"}))
+    );
+    assert!(host["spec"]["volumes"].as_array().unwrap().contains(&json!(
+        {"name": "rdma-devices", "hostPath": {"path": "/dev/infiniband", "type": "Directory"}}
+    )));
+}

@@ -5,9 +5,10 @@
 
 use super::engine::{ENGINE_PORT, EngineCommand};
 use super::names::{self, Role};
+use super::overrides::apply_overrides;
 use super::pod::{NodePlace, PodInput, build_pod_template, drain_token};
 use super::{Child, Kind, child};
-use crate::plan::{Plan, RolePlan};
+use crate::plan::{Plan, PodOverride, RolePlan, ValidateError};
 use k8s_openapi::api::apps::v1::{
     RollingUpdateStatefulSetStrategy, StatefulSet, StatefulSetSpec, StatefulSetUpdateStrategy,
 };
@@ -92,7 +93,7 @@ pub fn build_role_set(
     role: &RolePlan,
     replicas: i32,
     engine: &EngineCommand,
-) -> BuiltRole {
+) -> Result<BuiltRole, ValidateError> {
     let instance = plan.owner.name.as_str();
     let name = names::workers(instance, role.role);
     let drain_token = drain_token(&plan.owner.reference.uid);
@@ -103,11 +104,13 @@ pub fn build_role_set(
         engine,
         drain_token: &drain_token,
     };
+    let overrides: Vec<&PodOverride> = role.pod_overrides.iter().collect();
+    let template = |place| apply_overrides(build_pod_template(&input(place)), &overrides);
     let nodes = role.parallelism.nodes_per_worker;
     let labels = names::role_labels(instance, role.role);
     let (kind, workload) = if nodes > 1 {
-        let leader = build_pod_template(&input(NodePlace::Leader));
-        let worker = build_pod_template(&input(NodePlace::Follower));
+        let leader = template(NodePlace::Leader)?;
+        let worker = template(NodePlace::Follower)?;
         let object = json!({
             "apiVersion": "leaderworkerset.x-k8s.io/v1",
             "kind": "LeaderWorkerSet",
@@ -159,7 +162,7 @@ pub fn build_role_set(
                         ..Default::default()
                     }),
                 }),
-                template: build_pod_template(&input(NodePlace::Leader)),
+                template: template(NodePlace::Leader)?,
                 ..Default::default()
             }),
             ..Default::default()
@@ -169,7 +172,7 @@ pub fn build_role_set(
             child(Kind::StatefulSet, sts, Some(&plan.owner.reference)),
         )
     };
-    BuiltRole {
+    Ok(BuiltRole {
         kind,
         name,
         children: vec![
@@ -177,5 +180,5 @@ pub fn build_role_set(
             workload,
             disruption_budget(plan, role.role),
         ],
-    }
+    })
 }

@@ -4,10 +4,12 @@
 #![allow(dead_code)]
 
 use infera_operator::api::crd::crds;
+use infera_operator::api::{InferaDeployment, PDTopology};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -266,4 +268,27 @@ pub async fn operator_kubeconfig(client: &kube::Client, admin: &Path) -> PathBuf
         })
         .await
         .clone()
+}
+
+/// The deployments and topologies of a manifest file, stored (namespace `infera`, a uid)
+/// as the operator would read them.
+pub fn load_manifests(path: &Path) -> (Vec<InferaDeployment>, Vec<PDTopology>) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+    let (mut deps, mut topos) = (Vec::new(), Vec::new());
+    for mut doc in docs {
+        doc["metadata"]["namespace"] = json!("infera");
+        doc["metadata"]["uid"] = json!("uid-1");
+        match doc["kind"].as_str() {
+            Some("InferaDeployment") => deps.push(serde_json::from_value(doc).unwrap()),
+            Some("PDTopology") => topos.push(serde_json::from_value(doc).unwrap()),
+            _ => {}
+        }
+    }
+    (deps, topos)
+}
+
+/// The deployments and topologies of `examples/<name>`.
+pub fn example(name: &str) -> (Vec<InferaDeployment>, Vec<PDTopology>) {
+    load_manifests(&repo().join(format!("examples/{name}/deployment.yaml")))
 }
