@@ -403,3 +403,130 @@ spec:
     .await
     .unwrap();
 }
+
+/// A kv-aware gateway whose workers read a real tokenizer from a hostPath model folder
+/// mounts no model volume: it fetches the workers' tokenizer from their sidecars, the
+/// deployment says so in `TokenizerLoaded`, and prompts sharing a prefix meet the
+/// worker holding it (the gateway tokenizes as the engines do).
+#[tokio::test]
+async fn a_gateway_without_the_model_volume_routes_by_the_workers_tokenizer() {
+    use infera_testkit::model_files::{FixtureModel, model_dir};
+    let cluster = Cluster::connect().await.unwrap();
+    let ns = cluster.namespace("e2e-tok").await.unwrap();
+    let ns = ns.name.clone();
+    // The model folder on the node: a tokenizer (Qwen3's) and no weights (simulated).
+    let folder = std::path::PathBuf::from(format!("/var/lib/infera-e2e/models/{ns}"));
+    std::fs::create_dir_all(folder.join("tok")).unwrap();
+    let source = model_dir(FixtureModel::Qwen3).unwrap();
+    for file in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(source.join(file), folder.join("tok").join(file)).unwrap();
+    }
+    let manifest = format!(
+        "apiVersion: infera.amd.com/v1alpha1
+kind: InferaDeployment
+metadata: {{name: tok}}
+spec:
+  replicas: 2
+  model: {{name: tok-model, tokenizer: tok, source: {{hostPath: {{path: {}}}}}}}
+  engine: {{kind: sim, simFlavor: vllm}}
+  {SMALL_GATEWAY}
+",
+        folder.display()
+    );
+    cluster.apply(&ns, &manifest).await.unwrap();
+    cluster.wait_ready(&ns, "tok").await.unwrap();
+    let deployment = cluster
+        .get_json(&["get", "deployment", "tok-gateway", "-n", &ns])
+        .await
+        .unwrap();
+    let template = &deployment["spec"]["template"]["spec"];
+    assert!(
+        !template.to_string().contains("/model-store"),
+        "the gateway mounts no model: {template}"
+    );
+    assert!(
+        template["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "--router-tokenizer-from-workers"),
+        "{template}"
+    );
+    let condition = eventually(&cluster, &ns, "TokenizerLoaded True", ROLLOUT, || async {
+        let idep = cluster
+            .get_json(&["get", "idep", "tok", "-n", &ns])
+            .await
+            .map_err(|e| e.to_string())?;
+        match infera_e2e::deploy::condition(&idep, "TokenizerLoaded") {
+            Some(c) if c["status"] == "True" => Ok(c.clone()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    // The digest the gateway loaded is the one the workers' records state.
+    let pods = cluster.engine_pods(&ns, "tok").await.unwrap();
+    let record: Value = serde_json::from_str(
+        pods[0]["metadata"]["annotations"][infera_proto::discovery::WORKER_INFO_ANNOTATION]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let digest = record["kv"]["tokenizer_digest"].as_str().unwrap();
+    assert!(
+        condition["message"].as_str().unwrap().contains(digest),
+        "{condition} vs {digest}"
+    );
+    let gateway = cluster.gateway_on_node_port(&ns, "tok", 2).await.unwrap();
+    let (status, state) = gateway.get("/infera/tokenizer").await.unwrap();
+    assert_eq!(status, 200);
+    let state: Value = serde_json::from_str(&state).unwrap();
+    assert_eq!(state["state"], "loaded");
+    assert_eq!(state["digest"], digest);
+
+    // Requests sharing a long prefix land on the worker that cached it.
+    let system = "You are the reference librarian of a very large technical archive. ".repeat(24);
+    let ask = |question: &str| {
+        json!({"model": "tok-model", "max_tokens": 4, "messages": [
+            {"role": "system", "content": system}, {"role": "user", "content": question}]})
+    };
+    let applied = r#"infera_gateway_kv_events_total{outcome="applied"}"#;
+    let before = gateway.metric(applied).await.unwrap();
+    let first = gateway
+        .post("/v1/chat/completions", &ask("Where are the maps?"))
+        .await
+        .unwrap();
+    assert_eq!(first.status, 200, "{}", first.body);
+    eventually(
+        &cluster,
+        &ns,
+        "the first request's KV events",
+        ROLLOUT,
+        || {
+            let gateway = gateway.clone();
+            async move {
+                let now = gateway.metric(applied).await.map_err(|e| e.to_string())?;
+                if now > before {
+                    Ok(())
+                } else {
+                    Err(format!("applied {now}"))
+                }
+            }
+        },
+    )
+    .await
+    .unwrap();
+    for question in ["And the atlases?", "Who keeps the index?"] {
+        let answer = gateway
+            .post("/v1/chat/completions", &ask(question))
+            .await
+            .unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        assert_eq!(answer.picked, first.picked, "{question}");
+        let cached = answer.body["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0);
+        assert!(cached > 0, "{question}: {}", answer.body["usage"]);
+    }
+    let _ = std::fs::remove_dir_all(&folder);
+}

@@ -24,4 +24,5 @@ pub mod record;
 pub mod registration;
 pub mod relay;
 pub mod status;
+pub mod tokenizer_files;
 pub mod tokenizer_id;

@@ -14,6 +14,7 @@ use infera_engine_sidecar::record::build_record;
 use infera_engine_sidecar::registration::{Registration, RegistrationState, run_registration};
 use infera_engine_sidecar::relay::{RelayCounters, connect_jetstream, relay_rank};
 use infera_engine_sidecar::status::{SidecarStatus, build_status_router};
+use infera_engine_sidecar::tokenizer_files::{LocalTokenizer, build_tokenizer_router};
 use infera_proto::discovery::build_worker_key;
 use infera_proto::worker::WorkerRecord;
 use std::sync::Arc;
@@ -343,7 +344,11 @@ async fn run() -> i32 {
                 );
             }
         };
-        let router = build_status_router(status.clone());
+        let served = tokenizer.as_ref().map(|t| LocalTokenizer {
+            path: t.path.clone(),
+            digest: t.digest.clone(),
+        });
+        let router = build_status_router(status.clone()).merge(build_tokenizer_router(served));
         status_server = Some(tokio::spawn(async move {
             let shutdown = async move {
                 let _ = status_stop_rx.wait_for(|s| *s).await;

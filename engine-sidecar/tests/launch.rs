@@ -939,12 +939,13 @@ async fn registers_again_after_etcd_restarts_with_its_data_wiped() {
 }
 
 #[tokio::test]
-async fn the_record_carries_the_tokenizers_digest_and_canary() {
+async fn the_record_carries_the_tokenizers_identity_and_the_sidecar_serves_it_to_gateways() {
     use infera_testkit::model_files::{FixtureModel, model_dir};
     let tokenizer = model_dir(FixtureModel::Qwen3).unwrap();
     let etcd = infera_testkit::etcd_endpoint().await.unwrap();
     let prefix = unique_prefix("sidecar-tok");
     let port = free_port().unwrap();
+    let status_port = free_port().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let args: Vec<String> = args_of(&[
         "sim",
@@ -960,6 +961,8 @@ async fn the_record_carries_the_tokenizers_digest_and_canary() {
         tokenizer.to_str().unwrap(),
         "--port",
         &port.to_string(),
+        "--status-port",
+        &status_port.to_string(),
         "--speedup",
         "20",
     ]);
@@ -983,6 +986,88 @@ async fn the_record_carries_the_tokenizers_digest_and_canary() {
     assert_eq!(kv.tokenizer_canary, expected);
     assert_eq!(kv.tokenizer_digest.as_deref().map(str::len), Some(16));
     assert_eq!(kv.engine_block_size, 16);
+
+    // A gateway with no tokenizer folder fetches the worker's from its sidecar, checks it
+    // against the record's digest, and tokenizes as the engine does.
+    let gateway = |sidecar_port: u16| {
+        let cfg = <infera_gateway::config::GatewayConfig as clap::Parser>::try_parse_from([
+            "g",
+            "--etcd-endpoint",
+            &etcd,
+            "--etcd-prefix",
+            &prefix,
+            "--router-policy",
+            "kv-aware",
+            "--router-tokenizer-from-workers",
+            &sidecar_port.to_string(),
+        ])
+        .unwrap();
+        infera_gateway::gateway::Gateway::new(cfg, infera_gateway::registry::Registry::new())
+            .unwrap()
+    };
+    let state = |gw: &infera_gateway::gateway::Gateway| {
+        serde_json::to_value(&**gw.tokenizer.load()).unwrap()
+    };
+    let listener = || tokio::net::TcpListener::bind("127.0.0.1:0");
+    let fetched =
+        infera_gateway::server::start_gateway(gateway(status_port), listener().await.unwrap())
+            .await
+            .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state(&fetched.gateway)["state"] != "loaded" {
+        assert!(
+            Instant::now() < deadline,
+            "never loaded: {}",
+            state(&fetched.gateway)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let loaded = reqwest::get(format!("http://{}/infera/tokenizer", fetched.addr))
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap();
+    assert_eq!(loaded["digest"].as_str(), kv.tokenizer_digest.as_deref());
+    assert_eq!(loaded["worker"], record.worker_id);
+    let codec = fetched.gateway.kv.as_ref().unwrap().codec();
+    assert_eq!(
+        codec
+            .encode(infera_proto::tokenizer::TOKENIZER_CANARY, false)
+            .unwrap(),
+        expected
+    );
+    assert!(codec.has_chat_template(), "tokenizer_config.json came too");
+
+    // Pointed at a port where no sidecar listens: the state says so, and the gateway
+    // serves all the same (routing by load).
+    let nowhere = free_port().unwrap();
+    let failing =
+        infera_gateway::server::start_gateway(gateway(nowhere), listener().await.unwrap())
+            .await
+            .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state(&failing.gateway)["state"] != "failed" {
+        assert!(Instant::now() < deadline, "{}", state(&failing.gateway));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let failed = state(&failing.gateway);
+    assert!(
+        failed["error"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("GET http://127.0.0.1:{nowhere}/tokenizer")),
+        "{failed}"
+    );
+    let body = serde_json::json!({"model": "fixture-model", "max_tokens": 2,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let answer = reqwest::Client::new()
+        .post(format!("http://{}/v1/chat/completions", failing.addr))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
     sidecar.kill();
 }
 

@@ -61,6 +61,7 @@ pub fn build_router(gw: Shared) -> Router {
     Router::new()
         .merge(api)
         .route("/health", get(health))
+        .route("/infera/tokenizer", get(tokenizer))
         .route("/ready", get(ready))
         .route(
             "/metrics",
@@ -921,6 +922,12 @@ async fn cache_view(
 async fn health(State(gw): State<Shared>) -> Response {
     let active = gw.registry.snapshot().active_workers();
     axum::Json(json!({"status": "ok", "active_workers": active})).into_response()
+}
+
+/// `/infera/tokenizer`: where kv-aware routing's tokenizer stands (the operator reads it
+/// into the deployment's `TokenizerLoaded` condition).
+async fn tokenizer(State(gw): State<Shared>) -> Response {
+    axum::Json(&**gw.tokenizer.load()).into_response()
 }
 
 async fn ready(State(gw): State<Shared>) -> Response {

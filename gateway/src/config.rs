@@ -117,6 +117,19 @@ pub struct GatewayConfig {
     #[arg(long, env = "INFERA_ROUTER_TOKENIZER_PATH")]
     pub router_tokenizer_path: Option<PathBuf>,
 
+    /// Fetch the tokenizer for kv-aware routing from the workers instead: the engine
+    /// sidecar on this port serves the files its engine loads (`GET /tokenizer`), so the
+    /// gateway needs no model volume. Until one worker has served it, prompts are not
+    /// matched to cached prefixes (routing weighs load alone); `GET /infera/tokenizer`
+    /// tells where it stands.
+    #[arg(
+        long,
+        env = "INFERA_ROUTER_TOKENIZER_FROM_WORKERS",
+        value_name = "SIDECAR_PORT",
+        conflicts_with = "router_tokenizer_path"
+    )]
+    pub router_tokenizer_from_workers: Option<u16>,
+
     /// Where worker records come from.
     #[arg(long, env = "INFERA_DISCOVERY_BACKEND", value_enum, default_value_t = DiscoveryBackend::Etcd)]
     pub discovery_backend: DiscoveryBackend,

@@ -6,6 +6,7 @@ use crate::kv_router::KvRouter;
 use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::registry::Registry;
+use crate::tokenizer_fetch::{TokenizerState, TokenizerStatus};
 use arc_swap::ArcSwap;
 use infera_prompt::PromptCodec;
 use infera_proto::retention::Retention;
@@ -83,6 +84,8 @@ pub struct Gateway {
     pub draining: AtomicBool,
     /// Admission: one permit per request being served (`None`: no limit).
     pub admission: Option<Arc<Semaphore>>,
+    /// Where kv-aware routing's tokenizer stands (`GET /infera/tokenizer`).
+    pub tokenizer: TokenizerStatus,
 }
 
 /// Reads a keys file: one token per line, blank lines and `#` comments skipped.
@@ -142,10 +145,27 @@ impl Gateway {
         });
         let metrics = Arc::new(Metrics::default());
         let inflight = Arc::new(Inflight::default());
+        let mut tokenizer = TokenizerState::Unused;
         let kv = if cfg.kv_aware() {
+            tokenizer = match (
+                &cfg.router_tokenizer_path,
+                cfg.router_tokenizer_from_workers,
+            ) {
+                (Some(path), _) => TokenizerState::Local {
+                    source: path.display().to_string(),
+                },
+                (None, Some(_)) => TokenizerState::Pending {
+                    reason: "waiting for a worker's sidecar to serve its tokenizer".into(),
+                },
+                (None, None) => TokenizerState::Local {
+                    source: "bytes".into(),
+                },
+            };
             let codec = match &cfg.router_tokenizer_path {
                 Some(path) => PromptCodec::load(path)
                     .map_err(|e| ConfigError(format!("--router-tokenizer-path: {e}")))?,
+                // Until the workers' arrives, prompts match no engine's blocks.
+                None if cfg.router_tokenizer_from_workers.is_some() => PromptCodec::bytes(),
                 None => {
                     tracing::warn!(
                         "kv-aware routing without --router-tokenizer-path tokenizes prompts as UTF-8 bytes \
@@ -192,6 +212,7 @@ impl Gateway {
             inflight,
             draining: AtomicBool::new(false),
             admission,
+            tokenizer: TokenizerStatus::from_pointee(tokenizer),
         }))
     }
 }

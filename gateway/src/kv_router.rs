@@ -8,6 +8,7 @@ use crate::metrics::Metrics;
 use crate::prefix_index::{IndexSkip, PrefixIndex};
 use crate::registry::Target;
 use crate::validate::ApiKind;
+use arc_swap::ArcSwap;
 use infera_prompt::PromptCodec;
 use infera_proto::block_hash::compute_block_hashes;
 use infera_proto::kv_events::KvEventBatch;
@@ -63,7 +64,7 @@ struct KvState {
 #[derive(Debug)]
 pub struct KvRouter {
     state: Mutex<KvState>,
-    codec: Arc<PromptCodec>,
+    codec: ArcSwap<PromptCodec>,
     /// `--kv-overlap-weight`.
     pub weight: f64,
     /// Use the router's own picks as every worker's view, ignoring KV events.
@@ -141,7 +142,7 @@ impl KvRouter {
     ) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(KvState::default()),
-            codec,
+            codec: ArcSwap::new(codec),
             weight,
             approximate_all,
             metrics,
@@ -149,8 +150,13 @@ impl KvRouter {
     }
 
     /// The codec requests are tokenized with.
-    pub fn codec(&self) -> &PromptCodec {
-        &self.codec
+    pub fn codec(&self) -> Arc<PromptCodec> {
+        self.codec.load_full()
+    }
+
+    /// Tokenizes requests with `codec` from now on (a tokenizer that arrived late).
+    pub fn set_codec(&self, codec: Arc<PromptCodec>) {
+        self.codec.store(codec);
     }
 
     /// Tokenizes a request as the engine will and hashes it once per distinct block size.
@@ -193,15 +199,23 @@ impl KvRouter {
         body: &Map<String, Value>,
     ) -> Result<Vec<u32>, &'static str> {
         match kind {
-            ApiKind::Chat => self.codec.encode_chat(body).map_err(|_| "template"),
+            ApiKind::Chat => self.codec.load().encode_chat(body).map_err(|_| "template"),
             ApiKind::Completions => match body.get("prompt") {
-                Some(Value::String(s)) => self.codec.encode_completion(s).map_err(|_| "tokenizer"),
+                Some(Value::String(s)) => self
+                    .codec
+                    .load()
+                    .encode_completion(s)
+                    .map_err(|_| "tokenizer"),
                 Some(Value::Array(items)) if items.iter().all(Value::is_u64) => Ok(items
                     .iter()
                     .filter_map(|v| v.as_u64().and_then(|t| u32::try_from(t).ok()))
                     .collect()),
                 Some(Value::Array(items)) if items.len() == 1 => match &items[0] {
-                    Value::String(s) => self.codec.encode_completion(s).map_err(|_| "tokenizer"),
+                    Value::String(s) => self
+                        .codec
+                        .load()
+                        .encode_completion(s)
+                        .map_err(|_| "tokenizer"),
                     _ => Err("unsupported_prompt"),
                 },
                 _ => Err("batched_prompt"),

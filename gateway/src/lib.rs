@@ -33,6 +33,7 @@ pub mod reload;
 pub mod router;
 pub mod server;
 pub mod tls;
+pub mod tokenizer_fetch;
 pub mod validate;
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use crate::http_serve::{ServeOptions, serve};
 use crate::kv_ingest::{run_nats_ingest, run_zmq_ingest};
 use crate::reload::{RELOAD_INTERVAL, reload_every};
 use crate::tls::TlsCertificates;
+use crate::tokenizer_fetch::run_tokenizer_fetch;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -161,6 +162,9 @@ fn finish_start(
 ) -> Result<RunningGateway, ConfigError> {
     spawn_kv_ingest(&gateway, &mut tasks, &stop_rx);
     tasks.spawn(run_health_checks(gateway.clone(), stop_rx.clone()));
+    if let (Some(port), Some(_)) = (gateway.cfg.router_tokenizer_from_workers, &gateway.kv) {
+        tasks.spawn(run_tokenizer_fetch(gateway.clone(), port, stop_rx.clone()));
+    }
     let addr = listener
         .local_addr()
         .map_err(|e| ConfigError(e.to_string()))?;

@@ -101,15 +101,43 @@ impl PromptCodec {
         } else {
             (path.to_owned(), None)
         };
+        let tokenizer = std::fs::read(&tokenizer_file).map_err(|e| PromptError::LoadTokenizer {
+            path: tokenizer_file.clone(),
+            message: e.to_string(),
+        })?;
+        let config = match config_file.filter(|f| f.exists()) {
+            Some(f) => Some((
+                std::fs::read(&f).map_err(|e| PromptError::LoadConfig {
+                    path: f.clone(),
+                    message: e.to_string(),
+                })?,
+                f,
+            )),
+            None => None,
+        };
+        Self::from_files(
+            (&tokenizer, &tokenizer_file),
+            config.as_ref().map(|(b, f)| (b.as_slice(), f.as_path())),
+            path.display().to_string(),
+        )
+    }
+
+    /// A codec from the contents of `tokenizer.json` and, if any, `tokenizer_config.json`
+    /// (each with the name errors give it), known as `source`.
+    pub fn from_files(
+        (tokenizer, tokenizer_name): (&[u8], &Path),
+        config: Option<(&[u8], &Path)>,
+        source: String,
+    ) -> Result<Self, PromptError> {
         let tokenizer =
-            Tokenizer::from_file(&tokenizer_file).map_err(|e| PromptError::LoadTokenizer {
-                path: tokenizer_file.clone(),
+            Tokenizer::from_bytes(tokenizer).map_err(|e| PromptError::LoadTokenizer {
+                path: tokenizer_name.to_owned(),
                 message: e.to_string(),
             })?;
         let mut special_tokens = Map::new();
         let mut env = None;
-        if let Some(config_file) = config_file.filter(|f| f.exists()) {
-            let config = read_config(&config_file)?;
+        if let Some((bytes, name)) = config {
+            let config = parse_config(bytes, name)?;
             for name in ["bos_token", "eos_token", "unk_token", "pad_token"] {
                 if let Some(token) = config.get(name).and_then(token_content) {
                     special_tokens.insert(name.to_owned(), Json::String(token));
@@ -126,7 +154,7 @@ impl PromptCodec {
             vocabulary: Vocabulary::HuggingFace(Box::new(tokenizer)),
             env,
             special_tokens,
-            source: path.display().to_string(),
+            source,
         })
     }
 
@@ -210,13 +238,12 @@ impl PromptCodec {
     }
 }
 
-fn read_config(path: &Path) -> Result<Map<String, Json>, PromptError> {
+fn parse_config(bytes: &[u8], path: &Path) -> Result<Map<String, Json>, PromptError> {
     let err = |message: String| PromptError::LoadConfig {
         path: path.to_owned(),
         message,
     };
-    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-    match serde_json::from_str(&text).map_err(|e| err(e.to_string()))? {
+    match serde_json::from_slice(bytes).map_err(|e| err(e.to_string()))? {
         Json::Object(map) => Ok(map),
         _ => Err(err("not a JSON object".into())),
     }

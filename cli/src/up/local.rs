@@ -301,6 +301,8 @@ fn gateway_config(plan: &LocalPlan, host: &str, discovery: &Discovery) -> Result
         // NATS); a cluster's NATS is not what this machine reaches.
         messaging: Vec::new(),
         model_path: plan.gateway.model_path.clone(),
+        // The folder is on this machine: read it.
+        tokenizer_from_workers: None,
         access: Vec::new(),
     };
     let mut args = vec!["infera-gateway".to_owned()];

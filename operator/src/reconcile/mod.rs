@@ -5,6 +5,7 @@
 //! one's `usedBy` and `Valid`, following the deployments.
 
 pub mod apply;
+pub mod gateway_tokenizer;
 pub mod observe;
 pub mod pod_problems;
 pub mod status;
@@ -14,6 +15,7 @@ pub mod topology_status;
 use crate::api::{InferaDeployment, PDTopology, ServingMode};
 use crate::metrics::Metrics;
 use crate::plan::{Observed, Platform, validate};
+use crate::render::engine::ENGINE_PORT;
 use crate::render::names::{self, MANAGED_BY};
 use crate::render::{Kind, Rendered, build};
 use apply::{Applied, ApplyError, apply_child, prune};
@@ -472,6 +474,7 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
                 selector,
                 endpoint: None,
                 pod_problems: Vec::new(),
+                tokenizer: None,
             };
             write_status(ctx, idep, &namespace, &obs).await?;
             return Ok(Action::requeue(Duration::from_secs(300)));
@@ -490,6 +493,7 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
                 selector,
                 endpoint: None,
                 pod_problems: Vec::new(),
+                tokenizer: None,
             };
             write_status(ctx, idep, &namespace, &obs).await?;
             return Err(e);
@@ -517,6 +521,13 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
         .unwrap_or((idep.spec.gateway.replicas, 0));
     let lws_missing = problem.is_some();
     let pods = observe::fetch_pods(&ctx.client, &namespace, &name).await?;
+    let tokenizer = match rendered.tokenizer_from_workers {
+        true => Some(
+            gateway_tokenizer::observe_gateway_tokenizer(&pods, ENGINE_PORT, rendered.gateway_tls)
+                .await,
+        ),
+        false => None,
+    };
     let obs = Observation {
         generation: idep.metadata.generation,
         roles: Some(observe_roles(&rendered, &applied)),
@@ -526,9 +537,15 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
         selector,
         endpoint: Some(rendered.gateway_endpoint.clone()),
         pod_problems: pod_problems::build_pod_problems(&pods),
+        tokenizer,
     };
     let ready_reason = write_status(ctx, idep, &namespace, &obs).await?;
-    Ok(Action::requeue(build_requeue(&ready_reason, lws_missing)))
+    let mut requeue = build_requeue(&ready_reason, lws_missing);
+    if obs.tokenizer.as_ref().is_some_and(|t| !t.loaded()) {
+        // Nothing the operator watches changes when the gateway loads it.
+        requeue = requeue.min(NOT_READY_RECHECK);
+    }
+    Ok(Action::requeue(requeue))
 }
 
 fn error_policy(idep: Arc<InferaDeployment>, error: &ReconcileError, _ctx: Arc<Context>) -> Action {

@@ -1,6 +1,7 @@
 //! Status (pure): what the children report becomes `observedGeneration`, the `Ready`,
 //! `Progressing` and `Degraded` conditions, per-role counts and the `/scale` replicas.
 
+use super::gateway_tokenizer::GatewayTokenizer;
 use super::pod_problems::{PodProblem, of_component, summarize};
 use crate::api::{InferaDeploymentStatus, RoleStatus};
 use crate::render::names::Role;
@@ -53,6 +54,8 @@ pub struct Observation {
     pub endpoint: Option<String>,
     /// Why pods of the deployment are not running ([`super::pod_problems`]).
     pub pod_problems: Vec<PodProblem>,
+    /// The gateways' tokenizer, when they fetch it from the workers.
+    pub tokenizer: Option<GatewayTokenizer>,
 }
 
 fn condition(
@@ -223,9 +226,14 @@ pub fn compute_status(
         (None, ModelState::Failed(m)) => cond("Degraded", true, "ModelDownloadFailed", m.clone()),
         _ => cond("Degraded", false, "AsExpected", String::new()),
     };
+    let mut conditions = vec![ready, progressing, degraded];
+    if let Some(t) = &obs.tokenizer {
+        let (ok, reason, message) = t.condition();
+        conditions.push(cond("TokenizerLoaded", ok, reason, message));
+    }
     InferaDeploymentStatus {
         observed_generation: generation,
-        conditions: vec![ready, progressing, degraded],
+        conditions,
         replicas,
         ready_replicas,
         selector: Some(obs.selector.clone()),

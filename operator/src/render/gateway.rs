@@ -7,7 +7,7 @@ use super::engine::{ENGINE_PORT, MODEL_MOUNT};
 use super::gateway_flags::{GatewaySite, build_gateway_args, nats_flags};
 use super::names;
 use super::overrides::apply_overrides;
-use super::pod::{model_mount, model_volume, placement, restricted_security};
+use super::pod::{SIDECAR_PORT, model_mount, model_volume, placement, restricted_security};
 use super::secrets::{etcd_client_args, etcd_secrets, one_key, secret_volume};
 use super::workers::one_at_a_time;
 use super::{Child, Kind, child};
@@ -154,15 +154,18 @@ fn gateway_args(plan: &Plan, model_path: &str) -> Vec<String> {
             .map(|url| nats_flags(url).to_vec())
             .unwrap_or_default(),
         model_path: model_path.to_owned(),
+        tokenizer_from_workers: Some(SIDECAR_PORT),
         access,
     };
     build_gateway_args(&g.routing, &site)
 }
 
-/// Whether the gateway's tokenizer lies in the model volume (the pod must mount it).
+/// Whether the gateway reads its tokenizer from the model volume (the pod must mount
+/// it): only when `gateway.tokenizer` is an absolute path into it. A tokenizer in the
+/// model folder comes from the workers' sidecars, wherever the volume lives.
 fn reads_model_volume(g: &GatewayPlan) -> bool {
     match &g.routing.tokenizer {
-        Some(Tokenizer::InModel(_)) => true,
+        Some(Tokenizer::InModel(_)) => false,
         Some(Tokenizer::Absolute(path)) => path.starts_with(MODEL_MOUNT),
         None => false,
     }

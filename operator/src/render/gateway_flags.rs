@@ -4,7 +4,7 @@
 //! clients differ between a pod and a laptop, and each caller states them.
 
 use crate::api::RoutingPolicy;
-use crate::plan::GatewayRouting;
+use crate::plan::{GatewayRouting, Tokenizer};
 
 /// What differs between a gateway pod and `infera up`.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -21,6 +21,10 @@ pub struct GatewaySite {
     pub messaging: Vec<String>,
     /// The model folder a tokenizer in it is found under.
     pub model_path: String,
+    /// A tokenizer in the model folder is fetched from the workers' sidecars on this
+    /// port instead (`--router-tokenizer-from-workers`): the gateway pod does not mount
+    /// the model volume, which may live on other nodes.
+    pub tokenizer_from_workers: Option<u16>,
     /// What it asks of clients (API keys, TLS).
     pub access: Vec<String>,
 }
@@ -64,11 +68,17 @@ pub fn build_gateway_args(routing: &GatewayRouting, site: &GatewaySite) -> Vec<S
     args.extend(site.lifecycle.iter().cloned());
     args.extend(site.discovery.iter().cloned());
     args.extend(site.messaging.iter().cloned());
-    if let Some(tokenizer) = &routing.tokenizer {
-        args.extend([
-            "--router-tokenizer-path".into(),
-            tokenizer.path(&site.model_path),
-        ]);
+    match (&routing.tokenizer, site.tokenizer_from_workers) {
+        (Some(Tokenizer::InModel(_)), Some(port)) => {
+            args.extend(["--router-tokenizer-from-workers".into(), port.to_string()]);
+        }
+        (Some(tokenizer), _) => {
+            args.extend([
+                "--router-tokenizer-path".into(),
+                tokenizer.path(&site.model_path),
+            ]);
+        }
+        (None, _) => {}
     }
     if let Some(r) = &routing.default_retention {
         args.extend(["--default-retention".into(), r.clone()]);

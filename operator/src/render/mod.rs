@@ -22,8 +22,8 @@ pub mod strategic_merge;
 pub mod token;
 pub mod workers;
 
-use crate::api::InferaDeployment;
-use crate::plan::{Observed, Plan, Platform, ValidateError, validate};
+use crate::api::{InferaDeployment, RoutingPolicy};
+use crate::plan::{Observed, Plan, Platform, Tokenizer, ValidateError, validate};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
 use kube::core::{ApiResource, GroupVersionKind};
@@ -170,6 +170,11 @@ pub struct Rendered {
     pub gateway: String,
     /// `http://<service>.<namespace>:<port>`.
     pub gateway_endpoint: String,
+    /// The gateways fetch their tokenizer from the workers (kv-aware routing over a
+    /// tokenizer in the model folder): the `TokenizerLoaded` condition reports on it.
+    pub tokenizer_from_workers: bool,
+    /// The gateways serve HTTPS.
+    pub gateway_tls: bool,
 }
 
 /// Serializes a typed object into a child with the owner reference set.
@@ -257,6 +262,9 @@ pub fn build(plan: &Plan) -> Result<Rendered, ValidateError> {
             plan.owner.namespace,
             d.gateway.service.port
         ),
+        tokenizer_from_workers: d.gateway.routing.policy == RoutingPolicy::KvAware
+            && matches!(d.gateway.routing.tokenizer, Some(Tokenizer::InModel(_))),
+        gateway_tls: d.gateway.tls.is_some(),
     })
 }
 

@@ -416,9 +416,16 @@ fn a_hugging_face_model_is_downloaded_before_workers_start() {
     let gargs = args(&gw["spec"]["template"]["spec"]["containers"][0], "args");
     assert_eq!(flag(&gargs, "--router-policy").as_deref(), Some("kv-aware"));
     assert_eq!(flag(&gargs, "--kv-overlap-weight").as_deref(), Some("4"));
+    // The tokenizer comes from the workers' sidecars: the gateway mounts no model.
     assert_eq!(
-        flag(&gargs, "--router-tokenizer-path").as_deref(),
-        Some("/model-store/amd/Llama-3.1-70B-Instruct-FP8-KV")
+        flag(&gargs, "--router-tokenizer-from-workers").as_deref(),
+        Some("8090")
+    );
+    assert_eq!(flag(&gargs, "--router-tokenizer-path"), None);
+    assert!(
+        !gw["spec"]["template"].to_string().contains("model-store"),
+        "{}",
+        gw["spec"]["template"]
     );
     assert_eq!(
         flag(&gargs, "--k8s-label-selector").as_deref(),

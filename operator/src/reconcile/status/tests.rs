@@ -26,6 +26,7 @@ fn obs(roles: Vec<RoleObservation>, gateway: (i32, i32)) -> Observation {
         selector: "infera.amd.com/deployment=d,app.kubernetes.io/component=engine".into(),
         endpoint: Some("http://d-gateway.ns:8000".into()),
         pod_problems: Vec::new(),
+        tokenizer: None,
     }
 }
 
@@ -187,4 +188,44 @@ fn a_pod_problem_is_the_reason_workers_or_gateways_are_not_ready() {
         cond(&compute_status(None, &o, &t(1)), "Ready").reason,
         "WorkersNotReady"
     );
+}
+
+#[test]
+fn the_gateways_tokenizer_is_a_condition_of_its_own() {
+    let all_ready = vec![role(Role::Mixed, 2, 2, 2, 1)];
+    let s = compute_status(None, &obs(all_ready.clone(), (1, 1)), &t(100));
+    assert!(
+        !s.conditions.iter().any(|c| c.type_ == "TokenizerLoaded"),
+        "none without a tokenizer from the workers"
+    );
+    let mut failing = obs(all_ready.clone(), (1, 1));
+    failing.tokenizer = Some(GatewayTokenizer::Failed {
+        worker: "10.0.0.5:8000".into(),
+        error: "loading the tokenizer: expected value at line 1".into(),
+    });
+    let s = compute_status(None, &failing, &t(100));
+    let c = cond(&s, "TokenizerLoaded");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "TokenizerUnloadable")
+    );
+    assert!(
+        c.message.contains("expected value at line 1"),
+        "{}",
+        c.message
+    );
+    assert_eq!(
+        cond(&s, "Ready").status,
+        "True",
+        "the gateways serve, routing by load"
+    );
+    let mut loaded = obs(all_ready, (1, 1));
+    loaded.tokenizer = Some(GatewayTokenizer::Loaded {
+        worker: "10.0.0.5:8000".into(),
+        digest: "0123456789abcdef".into(),
+    });
+    let s2 = compute_status(Some(&s), &loaded, &t(200));
+    let c = cond(&s2, "TokenizerLoaded");
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Loaded"));
+    assert_eq!(c.last_transition_time, t(200));
 }
