@@ -18,6 +18,7 @@ pub mod deploy;
 pub mod etcd;
 pub mod gateway;
 pub mod load;
+pub mod sim_engine;
 
 /// Environment variable holding the cluster's admin kubeconfig (`scripts/test` sets it
 /// from `scripts/cluster kubeconfig`).
@@ -74,6 +75,14 @@ pub enum E2eError {
     /// A request to a gateway or a pod failed.
     #[error("{0}")]
     Http(String),
+    /// Preparing something on this machine (the node) failed.
+    #[error("{what}: {message}")]
+    Local {
+        /// What was prepared.
+        what: String,
+        /// What failed.
+        message: String,
+    },
     /// kubectl's or a server's output was not the JSON expected.
     #[error("decoding {what}: {message}")]
     Decode {

@@ -19,20 +19,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use infera_e2e::{Cluster, RELEASE_NAMESPACE};
+use infera_e2e::Cluster;
+use infera_e2e::sim_engine::{ENGINE_PATH, model_folder, sim_image};
 use infera_proto::discovery::WORKER_INFO_ANNOTATION;
-use infera_testkit::model_files::{FixtureModel, model_dir};
 use serde_json::{Value, json};
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Instant;
 
 /// LWS's labels on the pods of a group.
 const WORKER_INDEX: &str = "leaderworkerset.sigs.k8s.io/worker-index";
 const GROUP_INDEX: &str = "leaderworkerset.sigs.k8s.io/group-index";
-
-/// Where the operator mounts the model volume in engine pods.
-const MODEL_MOUNT: &str = "/model-store";
 
 /// Fails with what to run when the LWS API or its controller is missing.
 async fn assert_lws_installed(cluster: &Cluster) {
@@ -61,54 +57,6 @@ async fn assert_lws_installed(cluster: &Cluster) {
     );
 }
 
-/// The Infera sim image the operator runs for `kind: sim` (its registry and tag flags).
-async fn sim_image(cluster: &Cluster) -> String {
-    let operator = cluster
-        .get_json(&[
-            "get",
-            "deployment",
-            "infera-operator",
-            "-n",
-            RELEASE_NAMESPACE,
-        ])
-        .await
-        .unwrap();
-    let args: Vec<String> = serde_json::from_value(
-        operator["spec"]["template"]["spec"]["containers"][0]["args"].clone(),
-    )
-    .unwrap_or_default();
-    let flag = |name: &str| {
-        args.iter()
-            .find_map(|a| a.strip_prefix(&format!("--{name}=")).map(str::to_owned))
-            .unwrap_or_else(|| panic!("the operator has no --{name}: {args:?}"))
-    };
-    format!(
-        "{}/infera-sim:{}",
-        flag("image-registry"),
-        flag("image-tag")
-    )
-}
-
-/// A model folder on this machine (the node): `vllm` -> infera-sim, and a tokenizer.
-fn model_folder() -> tempfile::TempDir {
-    // Kept with the namespace when INFERA_E2E_KEEP asks for it (the pods mount it).
-    let dir = tempfile::Builder::new()
-        .prefix("infera-e2e-multinode-")
-        .disable_cleanup(std::env::var_os("INFERA_E2E_KEEP").is_some())
-        .tempdir()
-        .unwrap();
-    // The engine runs as the image's user (65532): it must traverse and read the folder.
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::os::unix::fs::symlink("/usr/local/bin/infera-sim", dir.path().join("vllm")).unwrap();
-    let tokenizer = model_dir(FixtureModel::Qwen3).unwrap();
-    for file in ["tokenizer.json", "tokenizer_config.json"] {
-        let to = dir.path().join(file);
-        std::fs::copy(tokenizer.join(file), &to).unwrap();
-        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o644)).unwrap();
-    }
-    dir
-}
-
 fn manifest(model_dir: &Path, image: &str) -> String {
     format!(
         "apiVersion: infera.amd.com/v1alpha1
@@ -120,7 +68,7 @@ spec:
   engine:
     kind: vllm
     image: {image}
-    env: [{{name: PATH, value: '{MODEL_MOUNT}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'}}]
+    env: [{{name: PATH, value: '{ENGINE_PATH}'}}]
     args: [--speedup, '4']
     parallelism: {{nodesPerWorker: 2}}
   gateway: {{resources: {{requests: {{cpu: 50m, memory: 64Mi}}}}}}
@@ -158,8 +106,8 @@ async fn a_two_node_worker_runs_as_a_leader_worker_set_and_serves_through_its_le
     let started = Instant::now();
     let cluster = Cluster::connect().await.unwrap();
     assert_lws_installed(&cluster).await;
-    let image = sim_image(&cluster).await;
-    let folder = model_folder();
+    let image = sim_image(&cluster).await.unwrap();
+    let folder = model_folder().unwrap();
     let guard = cluster.namespace("e2e-multinode").await.unwrap();
     let ns = guard.name.clone();
 
