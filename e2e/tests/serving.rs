@@ -203,22 +203,6 @@ async fn every_pd_layout_serves_prefill_then_decode_through_its_gateway_service(
             .apply(&ns, &pd_manifest(name, flavor, layout, transport))
             .await
             .unwrap();
-        if name == OVERRIDDEN {
-            cluster
-                .kubectl(&[
-                    "patch",
-                    "idep",
-                    "-n",
-                    &ns,
-                    name,
-                    "--type",
-                    "merge",
-                    "-p",
-                    OVERRIDE_PATCH,
-                ])
-                .await
-                .unwrap();
-        }
     }
     for (name, _, _, _, protocol, prefill, decode) in cases {
         let idep = cluster.wait_ready(&ns, name).await.unwrap();
@@ -243,6 +227,21 @@ async fn every_pd_layout_serves_prefill_then_decode_through_its_gateway_service(
         );
 
         if name == OVERRIDDEN {
+            // Patched once it serves: its workers and gateway roll to the new templates.
+            cluster
+                .kubectl(&[
+                    "patch",
+                    "idep",
+                    "-n",
+                    &ns,
+                    name,
+                    "--type",
+                    "merge",
+                    "-p",
+                    OVERRIDE_PATCH,
+                ])
+                .await
+                .unwrap();
             assert_overrides_on_running_pods(&cluster, &ns).await;
         }
         let gateway = cluster
@@ -414,8 +413,16 @@ async fn a_gateway_without_the_model_volume_routes_by_the_workers_tokenizer() {
     let cluster = Cluster::connect().await.unwrap();
     let ns = cluster.namespace("e2e-tok").await.unwrap();
     let ns = ns.name.clone();
-    // The model folder on the node: a tokenizer (Qwen3's) and no weights (simulated).
-    let folder = std::path::PathBuf::from(format!("/var/lib/infera-e2e/models/{ns}"));
+    // The model folder on the node: a tokenizer (Qwen3's) and no weights (simulated);
+    // removed when the test ends, passed or not.
+    let parent = std::path::Path::new("/var/lib/infera-e2e/models");
+    std::fs::create_dir_all(parent).unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("tok-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .tempdir_in(parent)
+        .unwrap();
+    let folder = dir.path().to_owned();
     std::fs::create_dir_all(folder.join("tok")).unwrap();
     let source = model_dir(FixtureModel::Qwen3).unwrap();
     for file in ["tokenizer.json", "tokenizer_config.json"] {
@@ -528,5 +535,4 @@ spec:
             .unwrap_or(0);
         assert!(cached > 0, "{question}: {}", answer.body["usage"]);
     }
-    let _ = std::fs::remove_dir_all(&folder);
 }

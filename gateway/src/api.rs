@@ -926,8 +926,19 @@ async fn health(State(gw): State<Shared>) -> Response {
 
 /// `/infera/tokenizer`: where kv-aware routing's tokenizer stands (the operator reads it
 /// into the deployment's `TokenizerLoaded` condition).
-async fn tokenizer(State(gw): State<Shared>) -> Response {
-    axum::Json(&**gw.tokenizer.load()).into_response()
+/// With `--metrics-require-auth` a caller without a key gets the state without worker
+/// addresses.
+async fn tokenizer(State(gw): State<Shared>, headers: HeaderMap) -> Response {
+    let state = gw.tokenizer.load();
+    let keyed = gw.api_keys.as_ref().is_some_and(|keys| {
+        let keys = keys.load();
+        presented_keys(&headers).any(|k| key_accepted(&keys, k))
+    });
+    if gw.cfg.metrics_require_auth && !keyed {
+        axum::Json(state.redacted()).into_response()
+    } else {
+        axum::Json(&**state).into_response()
+    }
 }
 
 async fn ready(State(gw): State<Shared>) -> Response {

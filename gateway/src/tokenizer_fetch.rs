@@ -36,6 +36,7 @@ pub enum TokenizerState {
     /// Fetched from a worker and in use.
     Loaded {
         /// The worker it came from.
+        #[serde(skip_serializing_if = "String::is_empty")]
         worker: String,
         /// Its digest.
         digest: String,
@@ -43,10 +44,29 @@ pub enum TokenizerState {
     /// The last attempt failed; retried.
     Failed {
         /// The worker tried last.
+        #[serde(skip_serializing_if = "String::is_empty")]
         worker: String,
         /// What went wrong.
         error: String,
     },
+}
+
+impl TokenizerState {
+    /// Without worker addresses and errors (which name them), for callers that may not
+    /// read `/metrics` either.
+    pub fn redacted(&self) -> Self {
+        match self {
+            Self::Loaded { digest, .. } => Self::Loaded {
+                worker: String::new(),
+                digest: digest.clone(),
+            },
+            Self::Failed { .. } => Self::Failed {
+                worker: String::new(),
+                error: "the details (worker addresses) need an API key, as /metrics does".into(),
+            },
+            other => other.clone(),
+        }
+    }
 }
 
 /// The state, shared between the fetch task and the endpoint.
@@ -90,7 +110,8 @@ pub fn candidates<'a>(
         })
         .collect();
     out.sort_by_key(|c| c.digest.is_none());
-    out.dedup_by(|a, b| a.manifest_url == b.manifest_url);
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|c| seen.insert(c.manifest_url.clone()));
     out
 }
 
@@ -122,17 +143,27 @@ pub fn check_files(
     Ok(())
 }
 
+/// The largest tokenizer file fetched (the largest `tokenizer.json` files are tens of MB).
+const MAX_FILE_BYTES: usize = 256 << 20;
+
 async fn get_bytes(client: &reqwest::Client, url: &str) -> Result<Vec<u8>, String> {
-    let response = client
+    let mut response = client
         .get(url)
         .send()
         .await
         .map_err(|e| format!("GET {url}: {e}"))?;
     let status = response.status();
-    let body = response
-        .bytes()
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
         .await
-        .map_err(|e| format!("GET {url}: {e}"))?;
+        .map_err(|e| format!("GET {url}: {e}"))?
+    {
+        if body.len() + chunk.len() > MAX_FILE_BYTES {
+            return Err(format!("GET {url}: larger than {MAX_FILE_BYTES} bytes"));
+        }
+        body.extend_from_slice(&chunk);
+    }
     if !status.is_success() {
         return Err(format!(
             "GET {url}: {status}: {}",
@@ -142,7 +173,7 @@ async fn get_bytes(client: &reqwest::Client, url: &str) -> Result<Vec<u8>, Strin
                 .collect::<String>()
         ));
     }
-    Ok(body.to_vec())
+    Ok(body)
 }
 
 /// Fetches, checks and loads one worker's tokenizer; returns it with its digest.
@@ -169,24 +200,77 @@ pub async fn fetch(
         files.push((name.clone(), get_bytes(client, &url).await?));
     }
     check_files(&manifest, &files, candidate.digest.as_deref())?;
-    let file = |name: &str| {
-        files
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, b)| b.as_slice())
-    };
-    let tokenizer = file("tokenizer.json").unwrap_or_default();
-    let codec = PromptCodec::from_files(
-        (tokenizer, Path::new("tokenizer.json")),
-        file("tokenizer_config.json").map(|b| (b, Path::new("tokenizer_config.json"))),
-        format!("worker {} ({})", candidate.worker, manifest.digest),
-    )
+    let source = format!("worker {} ({})", candidate.worker, manifest.digest);
+    // Parsing a tokenizer.json of tens of MB takes a while: off the async workers.
+    let codec = tokio::task::spawn_blocking(move || {
+        let file = |name: &str| {
+            files
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, b)| b.as_slice())
+        };
+        PromptCodec::from_files(
+            (
+                file("tokenizer.json").unwrap_or_default(),
+                Path::new("tokenizer.json"),
+            ),
+            file("tokenizer_config.json").map(|b| (b, Path::new("tokenizer_config.json"))),
+            source,
+        )
+    })
+    .await
+    .map_err(|e| format!("loading the tokenizer: {e}"))?
     .map_err(|e| format!("loading the tokenizer: {e}"))?;
     Ok((codec, manifest.digest))
 }
 
-/// Asks the registered workers until one's tokenizer loads, then swaps it into the
-/// router; retried with backoff (1 s doubling to 30 s) until then or `stop`.
+/// One round: asks the registered workers in turn until one's tokenizer loads.
+async fn fetch_round(
+    client: &reqwest::Client,
+    gateway: &Gateway,
+    sidecar_port: u16,
+) -> Result<(PromptCodec, TokenizerState), TokenizerState> {
+    let snapshot = gateway.registry.snapshot();
+    let asked = candidates(snapshot.workers.values().map(|w| &**w), sidecar_port);
+    let mut state = TokenizerState::Pending {
+        reason: "no worker is registered yet".into(),
+    };
+    for candidate in &asked {
+        match fetch(client, candidate).await {
+            Ok((codec, digest)) => {
+                let loaded = TokenizerState::Loaded {
+                    worker: candidate.worker.clone(),
+                    digest,
+                };
+                return Ok((codec, loaded));
+            }
+            Err(error) => {
+                state = TokenizerState::Failed {
+                    worker: candidate.worker.clone(),
+                    error,
+                }
+            }
+        }
+    }
+    Err(state)
+}
+
+/// Whether the workers moved to another tokenizer than `digest`: some state one in
+/// their records, none states `digest` (a new model rolled out).
+pub fn superseded(workers: &[&WorkerRecord], digest: &str) -> bool {
+    let stated: Vec<&str> = workers
+        .iter()
+        .filter_map(|w| w.kv.as_ref()?.tokenizer_digest.as_deref())
+        .collect();
+    !stated.is_empty() && !stated.contains(&digest)
+}
+
+/// How often a loaded tokenizer is compared with the workers' records.
+const RECHECK: Duration = Duration::from_secs(30);
+
+/// Fetches the workers' tokenizer into the router: rounds with backoff (1 s doubling to
+/// 30 s) until one loads; then every 30 s checks that the workers still state its
+/// digest, and fetches again when they moved to another (a new model). Stops with `stop`.
 pub async fn run_tokenizer_fetch(
     gateway: Arc<Gateway>,
     sidecar_port: u16,
@@ -211,41 +295,51 @@ pub async fn run_tokenizer_fetch(
     };
     let mut backoff = Duration::from_secs(1);
     loop {
-        let snapshot = gateway.registry.snapshot();
-        let asked = candidates(snapshot.workers.values().map(|w| &**w), sidecar_port);
-        let mut state = TokenizerState::Pending {
-            reason: "no worker is registered yet".into(),
+        let round = tokio::select! {
+            r = fetch_round(&client, &gateway, sidecar_port) => r,
+            _ = stop.wait_for(|s| *s) => return,
         };
-        for candidate in &asked {
-            match fetch(&client, candidate).await {
-                Ok((codec, digest)) => {
-                    tracing::info!(worker = %candidate.worker, %digest, "tokenizer fetched from the worker's sidecar; kv-aware routing matches prefixes from now on");
-                    kv.set_codec(Arc::new(codec));
-                    gateway.tokenizer.store(Arc::new(TokenizerState::Loaded {
-                        worker: candidate.worker.clone(),
-                        digest,
-                    }));
-                    return;
+        let wait = match round {
+            Ok((codec, loaded)) => {
+                if let TokenizerState::Loaded { worker, digest } = &loaded {
+                    tracing::info!(%worker, %digest, "tokenizer fetched from the worker's sidecar; kv-aware routing matches prefixes from now on");
                 }
-                Err(error) => {
-                    state = TokenizerState::Failed {
-                        worker: candidate.worker.clone(),
-                        error,
-                    };
+                kv.set_codec(Arc::new(codec));
+                gateway.tokenizer.store(Arc::new(loaded));
+                backoff = Duration::from_secs(1);
+                RECHECK
+            }
+            Err(state) => {
+                if let TokenizerState::Failed { worker, error } = &state
+                    && **gateway.tokenizer.load() != state
+                {
+                    tracing::warn!(%worker, "no tokenizer from the workers yet: {error}");
                 }
+                // A loaded tokenizer stays in use while another is sought.
+                if !matches!(**gateway.tokenizer.load(), TokenizerState::Loaded { .. }) {
+                    gateway.tokenizer.store(Arc::new(state));
+                }
+                let wait = backoff;
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+                wait
+            }
+        };
+        // Sleep, and while a tokenizer is loaded, until the workers move to another.
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            let TokenizerState::Loaded { digest, .. } = &**gateway.tokenizer.load() else {
+                break;
+            };
+            let snapshot = gateway.registry.snapshot();
+            let workers: Vec<&WorkerRecord> = snapshot.workers.values().map(|w| &**w).collect();
+            if superseded(&workers, digest) {
+                tracing::info!(%digest, "the workers state another tokenizer: fetching it");
+                break;
             }
         }
-        if let TokenizerState::Failed { worker, error } = &state
-            && **gateway.tokenizer.load() != state
-        {
-            tracing::warn!(%worker, "no tokenizer from the workers yet: {error}");
-        }
-        gateway.tokenizer.store(Arc::new(state));
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = stop.wait_for(|s| *s) => return,
-        }
-        backoff = (backoff * 2).min(Duration::from_secs(30));
     }
 }
 
@@ -287,6 +381,36 @@ mod tests {
         let ids: Vec<&str> = c.iter().map(|c| c.worker.as_str()).collect();
         assert_eq!(ids, ["10.0.0.2:8000", "10.0.0.1:8000"]);
         assert_eq!(c[0].digest.as_deref(), Some("d"));
+    }
+
+    #[test]
+    fn a_loaded_tokenizer_is_superseded_only_when_the_workers_state_another() {
+        let a = record("10.0.0.1:8000", "http://10.0.0.1:8000", Some("aaaa"));
+        let b = record("10.0.0.2:8000", "http://10.0.0.2:8000", Some("bbbb"));
+        let none = record("10.0.0.3:8000", "http://10.0.0.3:8000", None);
+        assert!(!superseded(&[&a, &b], "aaaa"), "one worker still states it");
+        assert!(superseded(&[&b], "aaaa"));
+        assert!(!superseded(&[&none], "aaaa"), "nothing stated");
+        assert!(!superseded(&[], "aaaa"), "no workers: keep it");
+    }
+
+    #[test]
+    fn redacted_states_name_no_worker() {
+        let failed = TokenizerState::Failed {
+            worker: "10.0.0.1:8000".into(),
+            error: "GET http://10.0.0.1:8090/tokenizer: refused".into(),
+        };
+        let shown = serde_json::to_string(&failed.redacted()).unwrap();
+        assert!(!shown.contains("10.0.0.1"), "{shown}");
+        assert!(shown.contains("\"state\":\"failed\""), "{shown}");
+        let loaded = TokenizerState::Loaded {
+            worker: "10.0.0.1:8000".into(),
+            digest: "d".into(),
+        };
+        assert_eq!(
+            serde_json::to_value(loaded.redacted()).unwrap(),
+            json!({"state": "loaded", "digest": "d"})
+        );
     }
 
     #[test]

@@ -425,14 +425,30 @@ async fn invalid_manifests_are_rejected_with_a_message_naming_the_field() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    // The base manifests themselves are valid: the rejections come from the changes.
-    for base in [BASE, TOPOLOGY] {
+    // The base manifests themselves are valid: the rejections come from the changes;
+    // and so are the opt-ins next to the rules that refuse their misuse.
+    let opt_ins = [
+        with_spec(
+            BASE,
+            &["network: {rdma: {enabled: true, hostDevices: true}}"],
+        ),
+        with_spec(
+            BASE,
+            &[
+                "gateway: {podTemplate: {metadata: {labels: {team: a}}, spec: {nodeSelector: {x: y}}}}",
+            ],
+        ),
+    ];
+    for manifest in [BASE, TOPOLOGY]
+        .into_iter()
+        .chain(opt_ins.iter().map(String::as_str))
+    {
         let (ok, _, stderr) = apply_retrying(
             &kubeconfig,
             &["apply", "-n", &ns, "--dry-run=server", "-f", "-"],
-            Some(base),
+            Some(manifest),
         );
-        assert!(ok, "{stderr}");
+        assert!(ok, "{manifest}: {stderr}");
     }
     drop_namespace(&client, &ns).await;
 }

@@ -1,5 +1,5 @@
 //! `podTemplate` overrides merge as the API server merges them: for each patch, the
-//! operator's merge of a rendered pod template (an MI355X vLLM prefill pod, with its
+//! operator's merge of a rendered pod template (a vLLM 2P1D prefill pod, with its
 //! init containers, RDMA resources and volumes; and a gateway pod) must equal what the
 //! real kube-apiserver makes of the same template stored as a `PodTemplate` and patched
 //! with `kubectl patch --type strategic --dry-run=server`. Both results go through the

@@ -412,7 +412,7 @@ fn yes() -> bool {
 #[x_kube(validation = Rule::new("self.enabled || size(self.interfaces) == 0").message("spec.network.rdma.interfaces are set but RDMA is off: set spec.network.rdma.enabled: true or remove interfaces"))]
 #[x_kube(validation = Rule::new("self.enabled || !self.hostNetwork").message("spec.network.rdma.hostNetwork is an RDMA opt-in: set spec.network.rdma.enabled: true or remove hostNetwork"))]
 #[x_kube(validation = Rule::new("self.enabled || !self.hostDevices").message("spec.network.rdma.hostDevices is an RDMA opt-in: set spec.network.rdma.enabled: true or remove hostDevices"))]
-#[x_kube(validation = Rule::new("!self.hostDevices || size(self.rails) == 0").message("spec.network.rdma.hostDevices mounts the host's devices instead of requesting device-plugin resources: remove rails"))]
+#[x_kube(validation = Rule::new("!self.hostDevices || !has(self.rails) || size(self.rails) == 0").message("spec.network.rdma.hostDevices mounts the host's devices instead of requesting device-plugin resources: remove rails"))]
 pub struct RdmaSpec {
     /// Use RDMA.
     #[serde(default)]

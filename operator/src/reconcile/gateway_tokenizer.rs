@@ -4,6 +4,7 @@
 //! so a tokenizer the gateway cannot load is visible on the deployment instead of a
 //! crash loop (the gateway keeps serving, routing by load alone).
 
+use crate::render::names;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
 use std::time::Duration;
@@ -51,6 +52,17 @@ impl GatewayTokenizer {
         }
     }
 
+    /// How bad it is: of several gateways, the worst answer is the condition's.
+    fn severity(&self) -> u8 {
+        match self {
+            Self::Loaded { .. } => 0,
+            Self::NoGateway => 1,
+            Self::Pending(_) => 2,
+            Self::Unreachable(_) => 3,
+            Self::Failed { .. } => 4,
+        }
+    }
+
     /// Whether it is loaded.
     pub fn loaded(&self) -> bool {
         matches!(self, Self::Loaded { .. })
@@ -89,7 +101,7 @@ fn is_ready_gateway(pod: &Pod) -> bool {
         .metadata
         .labels
         .as_ref()
-        .and_then(|l| l.get("app.kubernetes.io/component"))
+        .and_then(|l| l.get(names::COMPONENT_LABEL))
         .map(String::as_str);
     let ready = pod
         .status
@@ -99,18 +111,16 @@ fn is_ready_gateway(pod: &Pod) -> bool {
     component == Some("gateway") && ready && pod.metadata.deletion_timestamp.is_none()
 }
 
-/// Asks the ready gateway pods among `pods` (their address, the gateway port) until one
-/// answers. With HTTPS the certificate is not checked: it names the Service, not the
-/// pod's address, and nothing is sent but this request.
+/// Asks every ready gateway pod among `pods` (its address, the gateway port); the
+/// worst answer stands for them all (one replica that failed is not hidden by another
+/// that loaded). With HTTPS the certificate is not checked: it names the Service, not
+/// the pod's address, and nothing is sent but this request.
 pub async fn observe_gateway_tokenizer(pods: &[Pod], port: u16, tls: bool) -> GatewayTokenizer {
     let addresses: Vec<String> = pods
         .iter()
         .filter(|p| is_ready_gateway(p))
         .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
         .collect();
-    if addresses.is_empty() {
-        return GatewayTokenizer::NoGateway;
-    }
     let client = match reqwest::Client::builder()
         .timeout(Duration::from_secs(3))
         .danger_accept_invalid_certs(tls)
@@ -120,8 +130,8 @@ pub async fn observe_gateway_tokenizer(pods: &[Pod], port: u16, tls: bool) -> Ga
         Err(e) => return GatewayTokenizer::Unreachable(format!("an HTTP client: {e}")),
     };
     let scheme = if tls { "https" } else { "http" };
-    let mut last = String::new();
-    for ip in addresses {
+    let mut worst = GatewayTokenizer::NoGateway;
+    for (i, ip) in addresses.into_iter().enumerate() {
         let host = if ip.contains(':') {
             format!("[{ip}]")
         } else {
@@ -132,12 +142,15 @@ pub async fn observe_gateway_tokenizer(pods: &[Pod], port: u16, tls: bool) -> Ga
             Ok(r) => r.json::<Value>().await,
             Err(e) => Err(e),
         };
-        match answer {
-            Ok(state) => return GatewayTokenizer::from_state(&state),
-            Err(e) => last = format!("GET {url}: {e}"),
+        let seen = match answer {
+            Ok(state) => GatewayTokenizer::from_state(&state),
+            Err(e) => GatewayTokenizer::Unreachable(format!("GET {url}: {e}")),
+        };
+        if i == 0 || seen.severity() > worst.severity() {
+            worst = seen;
         }
     }
-    GatewayTokenizer::Unreachable(last)
+    worst
 }
 
 #[cfg(test)]

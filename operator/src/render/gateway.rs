@@ -12,7 +12,7 @@ use super::secrets::{etcd_client_args, etcd_secrets, one_key, secret_volume};
 use super::workers::one_at_a_time;
 use super::{Child, Kind, child};
 use crate::api::ServiceType;
-use crate::plan::{Discovery, GatewayPlan, Plan, Tokenizer, ValidateError};
+use crate::plan::{Discovery, Plan, Tokenizer, ValidateError};
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
@@ -154,18 +154,31 @@ fn gateway_args(plan: &Plan, model_path: &str) -> Vec<String> {
             .map(|url| nats_flags(url).to_vec())
             .unwrap_or_default(),
         model_path: model_path.to_owned(),
-        tokenizer_from_workers: Some(SIDECAR_PORT),
+        tokenizer_from_workers: tokenizer_from_workers(plan).then_some(SIDECAR_PORT),
         access,
     };
     build_gateway_args(&g.routing, &site)
 }
 
+/// Whether the gateway fetches its tokenizer from the workers' sidecars: when it is the
+/// one the engines load, which a sidecar serves: the model folder itself, or for the
+/// simulator the `model.tokenizer` folder it is given. Then the gateway pod mounts no
+/// model volume, wherever that lives.
+pub fn tokenizer_from_workers(plan: &Plan) -> bool {
+    let d = &plan.deployment;
+    match &d.gateway.routing.tokenizer {
+        Some(Tokenizer::InModel(rel)) => {
+            rel.is_empty() || (d.launch.is_sim() && d.model.tokenizer.as_ref() == Some(rel))
+        }
+        _ => false,
+    }
+}
+
 /// Whether the gateway reads its tokenizer from the model volume (the pod must mount
-/// it): only when `gateway.tokenizer` is an absolute path into it. A tokenizer in the
-/// model folder comes from the workers' sidecars, wherever the volume lives.
-fn reads_model_volume(g: &GatewayPlan) -> bool {
-    match &g.routing.tokenizer {
-        Some(Tokenizer::InModel(_)) => false,
+/// it): a folder in the model other than the engines' own, or an absolute path into it.
+fn reads_model_volume(plan: &Plan) -> bool {
+    match &plan.deployment.gateway.routing.tokenizer {
+        Some(Tokenizer::InModel(_)) => !tokenizer_from_workers(plan),
         Some(Tokenizer::Absolute(path)) => path.starts_with(MODEL_MOUNT),
         None => false,
     }
@@ -229,7 +242,7 @@ pub fn build_gateway(plan: &Plan, model_path: &str) -> Result<Vec<Child>, Valida
     let tls = g.tls.is_some();
     let (mut volumes, mut mounts): (Vec<Volume>, Vec<VolumeMount>) =
         secret_volumes(plan).into_iter().unzip();
-    if reads_model_volume(g) {
+    if reads_model_volume(plan) {
         volumes.push(model_volume(&plan.deployment.model.volume));
         mounts.push(model_mount());
     }

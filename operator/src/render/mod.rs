@@ -23,7 +23,7 @@ pub mod token;
 pub mod workers;
 
 use crate::api::{InferaDeployment, RoutingPolicy};
-use crate::plan::{Observed, Plan, Platform, Tokenizer, ValidateError, validate};
+use crate::plan::{Observed, Plan, Platform, ValidateError, validate};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
 use kube::core::{ApiResource, GroupVersionKind};
@@ -209,7 +209,8 @@ pub fn render(
 }
 
 /// Builds every child of the deployment `plan` describes.
-/// Fails only on a `podTemplate` override that does not merge into a pod template.
+/// Fails only on a `podTemplate` override that does not merge into a pod template: the
+/// one check validation cannot make, since the merge needs the rendered template.
 pub fn build(plan: &Plan) -> Result<Rendered, ValidateError> {
     let d = &plan.deployment;
     let name = &plan.owner.name;
@@ -263,7 +264,7 @@ pub fn build(plan: &Plan) -> Result<Rendered, ValidateError> {
             d.gateway.service.port
         ),
         tokenizer_from_workers: d.gateway.routing.policy == RoutingPolicy::KvAware
-            && matches!(d.gateway.routing.tokenizer, Some(Tokenizer::InModel(_))),
+            && gateway::tokenizer_from_workers(plan),
         gateway_tls: d.gateway.tls.is_some(),
     })
 }

@@ -34,13 +34,16 @@ impl Role {
     }
 }
 
+/// The label naming a pod's part: `engine` or `gateway`.
+pub const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
+
 /// Labels every child of `instance` carries.
 pub fn instance_labels(instance: &str, component: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
         ("app.kubernetes.io/name".into(), "infera".into()),
         ("app.kubernetes.io/instance".into(), instance.into()),
         ("app.kubernetes.io/managed-by".into(), MANAGED_BY.into()),
-        ("app.kubernetes.io/component".into(), component.into()),
+        (COMPONENT_LABEL.into(), component.into()),
         (DEPLOYMENT_LABEL.into(), instance.into()),
     ])
 }
@@ -65,16 +68,13 @@ pub fn role_labels(instance: &str, role: Role) -> BTreeMap<String, String> {
 pub fn gateway_selector(instance: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
         (DEPLOYMENT_LABEL.into(), instance.into()),
-        ("app.kubernetes.io/component".into(), "gateway".into()),
+        (COMPONENT_LABEL.into(), "gateway".into()),
     ])
 }
 
 /// Every engine pod of the deployment: the label pairs, in `status.selector`'s order.
 fn engine_selector_pairs(instance: &str) -> [(&'static str, &str); 2] {
-    [
-        (DEPLOYMENT_LABEL, instance),
-        ("app.kubernetes.io/component", "engine"),
-    ]
+    [(DEPLOYMENT_LABEL, instance), (COMPONENT_LABEL, "engine")]
 }
 
 /// Every engine pod of the deployment, as labels.

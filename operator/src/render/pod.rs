@@ -239,8 +239,6 @@ fn kvd_security(nvme: bool) -> SecurityContext {
     s
 }
 
-/// The engine container's resources: the user's CPU and memory plus GPUs and RDMA
-/// devices (extended resources: requests equal limits).
 /// The volume of the host's RDMA devices (`network.rdma.hostDevices`).
 const RDMA_DEVICES: &str = "rdma-devices";
 const RDMA_DEVICES_PATH: &str = "/dev/infiniband";
@@ -251,6 +249,8 @@ fn host_devices(plan: &Plan) -> bool {
     rdma.enabled && rdma.host_devices
 }
 
+/// The engine container's resources: the user's CPU and memory plus GPUs and RDMA
+/// devices (extended resources: requests equal limits).
 fn engine_resources(plan: &Plan, role: &RolePlan) -> ResourceRequirements {
     let mut res = role.resources.clone().unwrap_or_default();
     let mut extended = BTreeMap::new();

@@ -138,10 +138,15 @@ fn merge_map(
         };
     }
     if let Some(retain) = patch.get(RETAIN_KEYS) {
-        let keys: Vec<&str> = retain
+        let keys: Option<Vec<&str>> = retain
             .as_array()
-            .map(|a| a.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
+            .and_then(|a| a.iter().map(Value::as_str).collect());
+        let Some(keys) = keys else {
+            return Err(err(
+                &child_path(path, RETAIN_KEYS),
+                "a list of the field names to keep",
+            ));
+        };
         if let Some(k) = patch
             .iter()
             .find(|(k, v)| !k.starts_with('$') && !v.is_null() && !keys.contains(&k.as_str()))

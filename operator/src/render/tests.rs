@@ -427,6 +427,23 @@ fn a_hugging_face_model_is_downloaded_before_workers_start() {
         "{}",
         gw["spec"]["template"]
     );
+    // A tokenizer folder the engine does not load is read from the model volume.
+    let mut own = deps[0].clone();
+    own.spec.gateway.tokenizer = Some("tokenizer-v2".into());
+    let r = render_example(&own, &topos, true);
+    let gw = find(&r, Kind::Deployment, "llama-70b-gateway");
+    let gargs = args(&gw["spec"]["template"]["spec"]["containers"][0], "args");
+    assert_eq!(
+        flag(&gargs, "--router-tokenizer-path").as_deref(),
+        Some("/model-store/amd/Llama-3.1-70B-Instruct-FP8-KV/tokenizer-v2")
+    );
+    assert_eq!(flag(&gargs, "--router-tokenizer-from-workers"), None);
+    assert!(!r.tokenizer_from_workers);
+    assert!(
+        gw["spec"]["template"]
+            .to_string()
+            .contains("\"mountPath\":\"/model-store\"")
+    );
     assert_eq!(
         flag(&gargs, "--k8s-label-selector").as_deref(),
         Some("infera.amd.com/deployment=llama-70b,app.kubernetes.io/component=engine")
