@@ -7,7 +7,7 @@ use super::engine::{ENGINE_PORT, MODEL_MOUNT};
 use super::gateway_flags::{GatewaySite, build_gateway_args, nats_flags};
 use super::names;
 use super::overrides::apply_overrides;
-use super::pod::{SIDECAR_PORT, model_mount, model_volume, placement, restricted_security};
+use super::pod::{SIDECAR_PORT, cpu_and_memory, model_mount, model_volume, placement, restricted_security};
 use super::secrets::{etcd_client_args, etcd_secrets, one_key, secret_volume};
 use super::workers::one_at_a_time;
 use super::{Child, Kind, child};
@@ -21,7 +21,6 @@ use k8s_openapi::api::core::v1::{
     Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role as RbacRole, RoleBinding, RoleRef, Subject};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use std::collections::BTreeMap;
@@ -222,14 +221,7 @@ fn probe(path: &str, tls: bool) -> Probe {
 }
 
 fn default_resources() -> ResourceRequirements {
-    ResourceRequirements {
-        requests: Some(BTreeMap::from([
-            ("cpu".into(), Quantity("500m".into())),
-            ("memory".into(), Quantity("256Mi".into())),
-        ])),
-        limits: Some(BTreeMap::from([("memory".into(), Quantity("2Gi".into()))])),
-        ..Default::default()
-    }
+    cpu_and_memory("500m", "256Mi", "2Gi")
 }
 
 /// The gateway Deployment and Service, the model folder at `model_path` in its pod.

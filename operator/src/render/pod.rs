@@ -101,14 +101,7 @@ fn node_env_container(plan: &Plan, engine: &EngineCommand) -> Option<Container> 
         args: Some(args),
         volume_mounts: Some(vec![mount("engine-env", ENGINE_ENV_DIR)]),
         security_context: Some(restricted_security()),
-        resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                ("cpu".into(), quantity("10m")),
-                ("memory".into(), quantity("16Mi")),
-            ])),
-            limits: Some(BTreeMap::from([("memory".into(), quantity("64Mi"))])),
-            ..Default::default()
-        }),
+        resources: Some(cpu_and_memory("10m", "16Mi", "64Mi")),
         ..Default::default()
     })
 }
@@ -201,6 +194,18 @@ fn probe(path: &str, port: u16, period: i32, failures: i32) -> Probe {
         period_seconds: Some(period),
         failure_threshold: Some(failures),
         timeout_seconds: Some(5),
+        ..Default::default()
+    }
+}
+
+/// Requests of `cpu` and `memory`, and a `memory_limit` (no CPU limit: no throttling).
+pub fn cpu_and_memory(cpu: &str, memory: &str, memory_limit: &str) -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".into(), quantity(cpu)),
+            ("memory".into(), quantity(memory)),
+        ])),
+        limits: Some(BTreeMap::from([("memory".into(), quantity(memory_limit))])),
         ..Default::default()
     }
 }
@@ -546,14 +551,7 @@ fn sidecar_container(input: &PodInput<'_>) -> Container {
         }]),
         volume_mounts: Some(sidecar_mounts(input.plan)),
         security_context: Some(restricted_security()),
-        resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                ("cpu".into(), quantity("50m")),
-                ("memory".into(), quantity("64Mi")),
-            ])),
-            limits: Some(BTreeMap::from([("memory".into(), quantity("256Mi"))])),
-            ..Default::default()
-        }),
+        resources: Some(cpu_and_memory("50m", "64Mi", "256Mi")),
         ..Default::default()
     }
 }
