@@ -2,9 +2,9 @@
 //! from real readiness, find the pods, reach the gateway through a NodePort, and check
 //! who wrote each workload's status.
 
-use crate::gateway::Gateway;
+use crate::gateway::{Answer, Gateway};
 use crate::{Cluster, E2eError, STATUS_WRITERS, eventually};
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::time::Duration;
 
 /// Pods start in seconds here (images are local); the bound covers a loaded 2-CPU node.
@@ -19,6 +19,49 @@ pub fn condition<'a>(object: &'a Value, kind: &str) -> Option<&'a Value> {
 }
 
 impl Cluster {
+    /// Prefix affinity through `gateway`: asks `first`, then each of `then`, all after
+    /// the same long system prompt to `model`, waiting before `then` until the gateway
+    /// has applied KV events from the first request (from the engine pods). Returns the
+    /// first answer and the later ones, in order.
+    pub async fn shared_prefix_exchange(
+        &self,
+        namespace: &str,
+        gateway: &Gateway,
+        model: &str,
+        first: &str,
+        then: &[&str],
+    ) -> Result<(Answer, Vec<Answer>), E2eError> {
+        let applied = r#"infera_gateway_kv_events_total{outcome="applied"}"#;
+        let system =
+            "You are the reference librarian of a very large technical archive. ".repeat(24);
+        let ask = |question: &str| {
+            json!({"model": model, "max_tokens": 4, "messages": [
+                {"role": "system", "content": system}, {"role": "user", "content": question}]})
+        };
+        let before = gateway.metric(applied).await?;
+        let first = gateway.post("/v1/chat/completions", &ask(first)).await?;
+        eventually(
+            self,
+            namespace,
+            "KV events of the first request at the gateway",
+            ROLLOUT,
+            || async {
+                let now = gateway.metric(applied).await.map_err(|e| e.to_string())?;
+                if now > before {
+                    Ok(())
+                } else {
+                    Err(format!("applied events {now}"))
+                }
+            },
+        )
+        .await?;
+        let mut answers = Vec::new();
+        for question in then {
+            answers.push(gateway.post("/v1/chat/completions", &ask(question)).await?);
+        }
+        Ok((first, answers))
+    }
+
     /// `kubectl ARGS -o json`, parsed.
     pub async fn get_json(&self, args: &[&str]) -> Result<Value, E2eError> {
         let mut full: Vec<&str> = args.to_vec();

@@ -24,6 +24,15 @@ pub struct Answer {
     pub picked: Vec<String>,
 }
 
+impl Answer {
+    /// `usage.prompt_tokens_details.cached_tokens` (0 when absent).
+    pub fn cached_tokens(&self) -> u64 {
+        self.body["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0)
+    }
+}
+
 impl Gateway {
     /// A gateway at `base` (`http://127.0.0.1:<nodePort>`).
     pub fn new(base: String) -> Result<Self, E2eError> {

@@ -18,6 +18,7 @@ pub mod deploy;
 pub mod etcd;
 pub mod gateway;
 pub mod load;
+pub mod process;
 pub mod sim_engine;
 
 /// Environment variable holding the cluster's admin kubeconfig (`scripts/test` sets it

@@ -1,19 +1,18 @@
 //! A real engine's pod with the simulator standing in for the engine: the image the
 //! operator runs for `kind: sim`, and a model folder on the node (this machine) in
 //! which `vllm` is the simulator and a real tokenizer lies. A deployment of `kind: vllm`
-//! with that image, the folder as a hostPath model and `MODEL_MOUNT` first on the
+//! with that image, the folder as a hostPath model and its mount first on the
 //! engine's PATH gets the operator's whole vLLM pod, and infera-sim accepts vLLM's
 //! command line.
 
 use crate::{Cluster, E2eError, RELEASE_NAMESPACE};
 use infera_testkit::model_files::{FixtureModel, model_dir};
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 
-/// Where the operator mounts the model volume in engine pods.
-pub const MODEL_MOUNT: &str = "/model-store";
-
-/// The engine PATH that finds the folder's `vllm` first.
-pub const ENGINE_PATH: &str =
+/// The engine PATH that finds the folder's `vllm` first: the model volume is mounted at
+/// `/model-store` in engine pods.
+const ENGINE_PATH: &str =
     "/model-store:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// The Infera sim image the operator runs for `kind: sim` (its registry and tag flags).
@@ -77,4 +76,26 @@ pub fn model_folder() -> Result<tempfile::TempDir, E2eError> {
             .map_err(local(file))?;
     }
     Ok(dir)
+}
+
+/// An `InferaDeployment` named `name` of `kind: vllm` running the simulator `image` on
+/// the model `folder` (see the module docs), with `engine` and `spec` appended to its
+/// `spec.engine` and `spec` (YAML lines indented as they sit there) and a small gateway.
+pub fn vllm_manifest(name: &str, folder: &Path, image: &str, engine: &str, spec: &str) -> String {
+    format!(
+        "apiVersion: infera.amd.com/v1alpha1
+kind: InferaDeployment
+metadata: {{name: {name}}}
+spec:
+  replicas: 1
+  model: {{name: {name}-model, source: {{hostPath: {{path: {dir}}}}}}}
+  engine:
+    kind: vllm
+    image: {image}
+    env: [{{name: PATH, value: '{ENGINE_PATH}'}}]
+    args: [--speedup, '4']
+{engine}  gateway: {{resources: {{requests: {{cpu: 50m, memory: 64Mi}}}}}}
+{spec}",
+        dir = folder.display()
+    )
 }

@@ -11,10 +11,10 @@
 
 use infera_e2e::deploy::ROLLOUT;
 use infera_e2e::etcd::ChartEtcd;
+use infera_e2e::process::container_process;
 use infera_e2e::{Cluster, RELEASE_NAMESPACE, eventually, repo};
 use serde_json::{Value, json};
 use std::os::unix::fs::FileTypeExt;
-use std::path::PathBuf;
 
 /// Fails when anything but the controllers wrote the status of a workload in `namespace`.
 async fn assert_status_written_by_controllers(cluster: &Cluster, namespace: &str) {
@@ -282,80 +282,30 @@ async fn the_mixed_sim_example_serves_through_its_gateway_service() {
 
     // Requests sharing a long prefix land on the worker that holds it, known to the
     // gateway from the engines' KV events (ZMQ from each engine pod to the gateway pod).
-    let applied = r#"infera_gateway_kv_events_total{outcome="applied"}"#;
-    let system = "You are the reference librarian of a very large technical archive. ".repeat(24);
-    let ask = |question: &str| {
-        json!({"model": model, "max_tokens": 4, "messages": [
-            {"role": "system", "content": system}, {"role": "user", "content": question}]})
-    };
-    let before = gateway.metric(applied).await.unwrap();
-    let first = gateway
-        .post("/v1/chat/completions", &ask("Where are the maps?"))
-        .await
-        .unwrap();
-    assert_eq!(first.status, 200, "{}", first.body);
-    let holder = first.picked.clone();
-    eventually(
-        &cluster,
-        &ns,
-        "KV events of the first request at the gateway",
-        ROLLOUT,
-        || {
-            let gateway = gateway.clone();
-            async move {
-                let now = gateway.metric(applied).await.map_err(|e| e.to_string())?;
-                if now > before {
-                    Ok(())
-                } else {
-                    Err(format!("applied events {now}"))
-                }
-            }
-        },
-    )
-    .await
-    .unwrap();
-    for question in [
+    let questions = [
         "And the atlases?",
         "Who keeps the index?",
         "When do you close?",
-    ] {
-        let answer = gateway
-            .post("/v1/chat/completions", &ask(question))
-            .await
-            .unwrap();
+    ];
+    let (first, answers) = cluster
+        .shared_prefix_exchange(&ns, &gateway, model, "Where are the maps?", &questions)
+        .await
+        .unwrap();
+    assert_eq!(first.status, 200, "{}", first.body);
+    for (question, answer) in questions.iter().zip(&answers) {
         assert_eq!(answer.status, 200, "{}", answer.body);
         assert_eq!(
-            answer.picked, holder,
+            answer.picked, first.picked,
             "{question}: another worker than the prefix's"
         );
-        let cached = answer.body["usage"]["prompt_tokens_details"]["cached_tokens"]
-            .as_u64()
-            .unwrap_or(0);
         assert!(
-            cached > 0,
+            answer.cached_tokens() > 0,
             "{question}: no cached prompt tokens: {}",
             answer.body["usage"]
         );
     }
 
     assert_status_written_by_controllers(&cluster, &ns).await;
-}
-
-/// The `/proc` folder of a container's process, found by its Pod name and program: the
-/// test runs on the node, so it sees the container's devices and environment as the
-/// container does (`root/`, `environ`).
-fn container_proc(pod: &str, program: &str) -> Option<PathBuf> {
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let needle = format!("POD_NAME={pod}");
-        if environ.split(|b| *b == 0).any(|v| v == needle.as_bytes())
-            && String::from_utf8_lossy(&cmdline).contains(program)
-        {
-            return Some(entry.path());
-        }
-    }
-    None
 }
 
 #[tokio::test]
@@ -397,7 +347,8 @@ spec:
 
     // The kubelet's device manager allocated from the plugin: two GPUs (kfd, and a card
     // and render node each) and one NIC (its uverbs node and rdma_cm), all device nodes.
-    let proc = container_proc(&pod, "infera-sim").expect("the engine's process on this host");
+    let proc = container_process(&pod, |argv| argv.join(" ").contains("infera-sim"))
+        .expect("the engine's process on this host");
     let root = proc.join("root");
     let count = |dir: &str, prefix: &str| -> usize {
         std::fs::read_dir(root.join(dir))

@@ -20,10 +20,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use infera_e2e::Cluster;
-use infera_e2e::sim_engine::{ENGINE_PATH, model_folder, sim_image};
+use infera_e2e::sim_engine::{model_folder, sim_image, vllm_manifest};
 use infera_proto::discovery::WORKER_INFO_ANNOTATION;
 use serde_json::{Value, json};
-use std::path::Path;
 use std::time::Instant;
 
 /// LWS's labels on the pods of a group.
@@ -55,26 +54,6 @@ async fn assert_lws_installed(cluster: &Cluster) {
         "the LWS manager has no ready pod ({}): {how}",
         manager["status"]
     );
-}
-
-fn manifest(model_dir: &Path, image: &str) -> String {
-    format!(
-        "apiVersion: infera.amd.com/v1alpha1
-kind: InferaDeployment
-metadata: {{name: multinode}}
-spec:
-  replicas: 1
-  model: {{name: multinode-model, source: {{hostPath: {{path: {dir}}}}}}}
-  engine:
-    kind: vllm
-    image: {image}
-    env: [{{name: PATH, value: '{ENGINE_PATH}'}}]
-    args: [--speedup, '4']
-    parallelism: {{nodesPerWorker: 2}}
-  gateway: {{resources: {{requests: {{cpu: 50m, memory: 64Mi}}}}}}
-",
-        dir = model_dir.display()
-    )
 }
 
 fn label<'a>(pod: &'a Value, key: &str) -> &'a str {
@@ -112,7 +91,16 @@ async fn a_two_node_worker_runs_as_a_leader_worker_set_and_serves_through_its_le
     let ns = guard.name.clone();
 
     cluster
-        .apply(&ns, &manifest(folder.path(), &image))
+        .apply(
+            &ns,
+            &vllm_manifest(
+                "multinode",
+                folder.path(),
+                &image,
+                "    parallelism: {nodesPerWorker: 2}\n",
+                "",
+            ),
+        )
         .await
         .unwrap();
     let idep = cluster.wait_ready(&ns, "multinode").await.unwrap();

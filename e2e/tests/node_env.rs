@@ -14,26 +14,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use infera_e2e::Cluster;
-use infera_e2e::sim_engine::{ENGINE_PATH, model_folder, sim_image};
-use std::path::PathBuf;
-
-/// The `/proc` folder of the process whose environment names `POD_NAME=pod` and whose
-/// command is `vllm serve ...` (the engine, not the sidecar that passes those words on).
-fn engine_process(pod: &str) -> Option<PathBuf> {
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .find_map(|entry| {
-            let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-            let argv: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-            let needle = format!("POD_NAME={pod}");
-            (environ.split(|b| *b == 0).any(|v| v == needle.as_bytes())
-                && argv.first().is_some_and(|a| a.ends_with(b"vllm"))
-                && argv.get(1) == Some(&&b"serve"[..]))
-            .then(|| entry.path())
-        })
-}
+use infera_e2e::process::container_process;
+use infera_e2e::sim_engine::{model_folder, sim_image, vllm_manifest};
 
 #[tokio::test]
 async fn an_rdma_engine_starts_with_what_node_env_read_on_the_node() {
@@ -47,30 +29,16 @@ async fn an_rdma_engine_starts_with_what_node_env_read_on_the_node() {
     let ns = ns.name.clone();
     let folder = model_folder().unwrap();
     let image = sim_image(&cluster).await.unwrap();
-    let manifest = format!(
-        "apiVersion: infera.amd.com/v1alpha1
-kind: InferaDeployment
-metadata: {{name: rdma-vllm}}
-spec:
-  replicas: 1
-  model: {{name: rdma-model, source: {{hostPath: {{path: {dir}}}}}}}
-  engine:
-    kind: vllm
-    image: {image}
-    env: [{{name: PATH, value: '{ENGINE_PATH}'}}]
-    args: [--speedup, '4']
-    podTemplate:
+    // The node's static busybox as the image's shell.
+    let engine = "    podTemplate:
       spec:
-        volumes: [{{name: shell, hostPath: {{path: /bin/busybox, type: File}}}}]
+        volumes: [{name: shell, hostPath: {path: /bin/busybox, type: File}}]
         containers:
           - name: engine
-            volumeMounts: [{{name: shell, mountPath: /bin/sh, readOnly: true}}]
-  network:
-    rdma: {{enabled: true}}
-  gateway: {{resources: {{requests: {{cpu: 50m, memory: 64Mi}}}}}}
-",
-        dir = folder.path().display()
-    );
+            volumeMounts: [{name: shell, mountPath: /bin/sh, readOnly: true}]
+";
+    let spec = "  network:\n    rdma: {enabled: true}\n";
+    let manifest = vllm_manifest("rdma-vllm", folder.path(), &image, engine, spec);
     cluster.apply(&ns, &manifest).await.unwrap();
     cluster.wait_ready(&ns, "rdma-vllm").await.unwrap();
     let pods = cluster.engine_pods(&ns, "rdma-vllm").await.unwrap();
@@ -92,7 +60,12 @@ spec:
     assert_eq!(engine["command"][0], "/bin/sh", "{}", engine["command"]);
 
     // The engine process (exec'd by the wrapper: `vllm serve ...`) has the file's values.
-    let proc = engine_process(name).expect("the engine's process on this host");
+    // The engine (`vllm serve ...`), not the sidecar that passes those words on.
+    let proc = container_process(name, |argv| {
+        argv.first().is_some_and(|a| a.ends_with("vllm"))
+            && argv.get(1).is_some_and(|a| a == "serve")
+    })
+    .expect("the engine's process on this host");
     let environ = std::fs::read(proc.join("environ")).unwrap();
     let environ: Vec<String> = String::from_utf8_lossy(&environ)
         .split('\0')

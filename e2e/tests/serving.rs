@@ -492,47 +492,25 @@ spec:
     assert_eq!(state["digest"], digest);
 
     // Requests sharing a long prefix land on the worker that cached it.
-    let system = "You are the reference librarian of a very large technical archive. ".repeat(24);
-    let ask = |question: &str| {
-        json!({"model": "tok-model", "max_tokens": 4, "messages": [
-            {"role": "system", "content": system}, {"role": "user", "content": question}]})
-    };
-    let applied = r#"infera_gateway_kv_events_total{outcome="applied"}"#;
-    let before = gateway.metric(applied).await.unwrap();
-    let first = gateway
-        .post("/v1/chat/completions", &ask("Where are the maps?"))
+    let questions = ["And the atlases?", "Who keeps the index?"];
+    let (first, answers) = cluster
+        .shared_prefix_exchange(
+            &ns,
+            &gateway,
+            "tok-model",
+            "Where are the maps?",
+            &questions,
+        )
         .await
         .unwrap();
     assert_eq!(first.status, 200, "{}", first.body);
-    eventually(
-        &cluster,
-        &ns,
-        "the first request's KV events",
-        ROLLOUT,
-        || {
-            let gateway = gateway.clone();
-            async move {
-                let now = gateway.metric(applied).await.map_err(|e| e.to_string())?;
-                if now > before {
-                    Ok(())
-                } else {
-                    Err(format!("applied {now}"))
-                }
-            }
-        },
-    )
-    .await
-    .unwrap();
-    for question in ["And the atlases?", "Who keeps the index?"] {
-        let answer = gateway
-            .post("/v1/chat/completions", &ask(question))
-            .await
-            .unwrap();
+    for (question, answer) in questions.iter().zip(&answers) {
         assert_eq!(answer.status, 200, "{}", answer.body);
         assert_eq!(answer.picked, first.picked, "{question}");
-        let cached = answer.body["usage"]["prompt_tokens_details"]["cached_tokens"]
-            .as_u64()
-            .unwrap_or(0);
-        assert!(cached > 0, "{question}: {}", answer.body["usage"]);
+        assert!(
+            answer.cached_tokens() > 0,
+            "{question}: {}",
+            answer.body["usage"]
+        );
     }
 }

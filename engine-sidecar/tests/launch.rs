@@ -82,6 +82,26 @@ async fn launch_with(etcd: &str, prefix: &str, ttl: &str, extra: &[String]) -> L
     }
 }
 
+/// A gateway on loopback finding workers in `etcd` under `prefix`, with `flags`.
+async fn gateway_on_etcd(
+    etcd: &str,
+    prefix: &str,
+    flags: &[String],
+) -> infera_gateway::server::RunningGateway {
+    let mut args = vec!["g", "--etcd-endpoint", etcd, "--etcd-prefix", prefix];
+    args.extend(flags.iter().map(String::as_str));
+    let cfg =
+        <infera_gateway::config::GatewayConfig as clap::Parser>::try_parse_from(args).unwrap();
+    let gw = infera_gateway::gateway::Gateway::new(cfg, infera_gateway::registry::Registry::new())
+        .unwrap();
+    infera_gateway::server::start_gateway(
+        gw,
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    )
+    .await
+    .unwrap()
+}
+
 async fn wait_key(
     key: &str,
     present: bool,
@@ -135,22 +155,7 @@ async fn registers_serves_reregisters_and_deregisters_before_stopping() {
 
     // A gateway given nothing but etcd's address (and the prefix) routes to it.
     let etcd = infera_testkit::etcd_endpoint().await.unwrap();
-    let cfg = <infera_gateway::config::GatewayConfig as clap::Parser>::try_parse_from([
-        "g",
-        "--etcd-endpoint",
-        &etcd,
-        "--etcd-prefix",
-        &prefix,
-    ])
-    .unwrap();
-    let gw = infera_gateway::gateway::Gateway::new(cfg, infera_gateway::registry::Registry::new())
-        .unwrap();
-    let gw = infera_gateway::server::start_gateway(
-        gw,
-        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
-    )
-    .await
-    .unwrap();
+    let gw = gateway_on_etcd(&etcd, &prefix, &[]).await;
     let body = serde_json::json!({"model": "fixture-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -989,30 +994,21 @@ async fn the_record_carries_the_tokenizers_identity_and_the_sidecar_serves_it_to
 
     // A gateway with no tokenizer folder fetches the worker's from its sidecar, checks it
     // against the record's digest, and tokenizes as the engine does.
-    let gateway = |sidecar_port: u16| {
-        let cfg = <infera_gateway::config::GatewayConfig as clap::Parser>::try_parse_from([
-            "g",
-            "--etcd-endpoint",
-            &etcd,
-            "--etcd-prefix",
-            &prefix,
+    let from_workers = |sidecar_port: u16| {
+        [
             "--router-policy",
             "kv-aware",
             "--router-tokenizer-from-workers",
-            &sidecar_port.to_string(),
-        ])
-        .unwrap();
-        infera_gateway::gateway::Gateway::new(cfg, infera_gateway::registry::Registry::new())
-            .unwrap()
+        ]
+        .map(str::to_owned)
+        .into_iter()
+        .chain([sidecar_port.to_string()])
+        .collect::<Vec<_>>()
     };
     let state = |gw: &infera_gateway::gateway::Gateway| {
         serde_json::to_value(&**gw.tokenizer.load()).unwrap()
     };
-    let listener = || tokio::net::TcpListener::bind("127.0.0.1:0");
-    let fetched =
-        infera_gateway::server::start_gateway(gateway(status_port), listener().await.unwrap())
-            .await
-            .unwrap();
+    let fetched = gateway_on_etcd(&etcd, &prefix, &from_workers(status_port)).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     while state(&fetched.gateway)["state"] != "loaded" {
         assert!(
@@ -1042,10 +1038,7 @@ async fn the_record_carries_the_tokenizers_identity_and_the_sidecar_serves_it_to
     // Pointed at a port where no sidecar listens: the state says so, and the gateway
     // serves all the same (routing by load).
     let nowhere = free_port().unwrap();
-    let failing =
-        infera_gateway::server::start_gateway(gateway(nowhere), listener().await.unwrap())
-            .await
-            .unwrap();
+    let failing = gateway_on_etcd(&etcd, &prefix, &from_workers(nowhere)).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     while state(&failing.gateway)["state"] != "failed" {
         assert!(Instant::now() < deadline, "{}", state(&failing.gateway));

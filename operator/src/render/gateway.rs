@@ -7,7 +7,9 @@ use super::engine::{ENGINE_PORT, MODEL_MOUNT};
 use super::gateway_flags::{GatewaySite, build_gateway_args, nats_flags};
 use super::names;
 use super::overrides::apply_overrides;
-use super::pod::{SIDECAR_PORT, cpu_and_memory, model_mount, model_volume, placement, restricted_security};
+use super::pod::{
+    SIDECAR_PORT, cpu_and_memory, model_mount, model_volume, placement, restricted_security,
+};
 use super::secrets::{etcd_client_args, etcd_secrets, one_key, secret_volume};
 use super::workers::one_at_a_time;
 use super::{Child, Kind, child};
