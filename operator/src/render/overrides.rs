@@ -22,12 +22,13 @@ pub fn apply_overrides(
         .and_then(|m| m.labels.clone())
         .unwrap_or_default();
     let mut merged = serde_json::to_value(&template).map_err(|e| invalid("", e.to_string()))?;
+    let mut typed = template;
     for o in overrides {
         merged = merge_pod_template(merged, &o.patch).map_err(|e| ValidateError::PodTemplate {
             field: format!("{}.{}", o.field, e.path),
             reason: e.reason,
         })?;
-        let typed: PodTemplateSpec = serde_path_to_error::deserialize(merged.clone())
+        typed = serde_path_to_error::deserialize(merged.clone())
             .map_err(|e| invalid(&o.field, format!("{} at {}", e.inner(), e.path())))?;
         let read_back =
             serde_json::to_value(&typed).map_err(|e| invalid(&o.field, e.to_string()))?;
@@ -37,8 +38,11 @@ pub fn apply_overrides(
                 reason: "no such field in a pod template (check its spelling and nesting: kubectl explain pod.spec)".into(),
             });
         }
-        let labels = typed.metadata.and_then(|m| m.labels).unwrap_or_default();
-        if let Some((key, _)) = own_labels.iter().find(|(k, v)| labels.get(*k) != Some(*v)) {
+        let labels = typed.metadata.as_ref().and_then(|m| m.labels.as_ref());
+        if let Some((key, _)) = own_labels
+            .iter()
+            .find(|(k, v)| labels.and_then(|l| l.get(*k)) != Some(*v))
+        {
             return Err(ValidateError::PodTemplate {
                 field: format!("{}.metadata.labels.{key}", o.field),
                 reason: "Infera's own label (selectors, discovery and network policies read it): leave it out".into(),
@@ -46,7 +50,7 @@ pub fn apply_overrides(
         }
         merged = read_back;
     }
-    serde_json::from_value(merged).map_err(|e| invalid("", e.to_string()))
+    Ok(typed)
 }
 
 fn invalid(field: &str, reason: String) -> ValidateError {
