@@ -1,5 +1,6 @@
 //! The `infera` command line. Subcommands live in modules named after them.
 
 pub mod bench;
+pub mod convert;
 pub mod crds;
 pub mod up;

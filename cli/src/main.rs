@@ -21,6 +21,10 @@ enum Command {
     /// Run a benchmark scenario of BENCHMARKS.md against a simulated fleet: a table
     /// with progress while it runs, JSON and an SVG plot in --out.
     Bench(infera::bench::BenchArgs),
+    /// Convert manifests of the earlier Go operator's InferaDeployment (backendFramework,
+    /// services, ...) into this project's InferaDeployment and PDTopology. Other
+    /// documents pass through; what has no equivalent is reported on stderr.
+    Convert(infera::convert::ConvertArgs),
     /// Write the InferaDeployment and PDTopology CRDs (generated from the operator's
     /// Rust types) to crds/ and charts/infera/crds/.
     Crds {
@@ -38,6 +42,15 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Up(args) => return run_async(args),
         Command::Bench(args) => return run_bench(args),
+        Command::Convert(args) => {
+            return match infera::convert::run(&args) {
+                Ok(code) => ExitCode::from(code),
+                Err(e) => {
+                    eprintln!("infera convert: {e:#}");
+                    ExitCode::from(2)
+                }
+            };
+        }
         Command::Crds { dirs, check } => {
             let dirs = if dirs.is_empty() {
                 infera::crds::default_dirs(&PathBuf::from("."))

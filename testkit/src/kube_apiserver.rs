@@ -131,6 +131,30 @@ pub async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client, String>
     kube::Client::try_from(config).map_err(|e| e.to_string())
 }
 
+/// Waits (30 s at most) until the API server serves the CRD `name`.
+pub async fn wait_established(client: &kube::Client, name: &str) -> Result<(), String> {
+    let crds: kube::Api<
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    > = kube::Api::all(client.clone());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let crd = crds.get(name).await.map_err(|e| e.to_string())?;
+        let established = crd
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        if established {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!("CRD {name} never became Established"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn probe_ready(kubeconfig: &Path) -> Result<(), String> {
     let client = client_from_kubeconfig(kubeconfig).await?;
     let request = http_get("/readyz")?;

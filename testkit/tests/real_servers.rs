@@ -13,7 +13,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn mk_crd(group: &str) -> CustomResourceDefinition {
     serde_json::from_value(json!({
@@ -46,27 +46,6 @@ fn mk_crd(group: &str) -> CustomResourceDefinition {
     .unwrap()
 }
 
-async fn wait_established(crds: &Api<CustomResourceDefinition>, name: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let crd = crds.get(name).await.unwrap();
-        let established = crd
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True");
-        if established {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "CRD {name} never became Established"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test]
 async fn kube_apiserver_serves_a_crd_with_status_subresource() {
     let client = kube_client().await.unwrap();
@@ -77,7 +56,9 @@ async fn kube_apiserver_serves_a_crd_with_status_subresource() {
         .await
         .unwrap();
     let crd_name = crd.metadata.name.unwrap();
-    wait_established(&crds, &crd_name).await;
+    infera_testkit::kube_apiserver::wait_established(&client, &crd_name)
+        .await
+        .unwrap();
 
     let gvk = GroupVersionKind::gvk(&group, "v1", "Widget");
     let ar = ApiResource::from_gvk_with_plural(&gvk, "widgets");

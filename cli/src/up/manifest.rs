@@ -77,6 +77,11 @@ pub fn parse_manifests(text: &str, origin: &str) -> Result<Manifests, ManifestEr
                 "apiVersion {api:?} is not infera.amd.com/v1alpha1"
             )));
         }
+        if crate::convert::is_earlier_schema(&doc) {
+            return Err(fail(format!(
+                "written in the earlier Go operator's schema (services, backendFramework, ...): convert it first with `infera convert {origin}`"
+            )));
+        }
         match kind.as_str() {
             "InferaDeployment" => out
                 .deployments
@@ -114,6 +119,14 @@ mod tests {
             err.starts_with(
                 "bad.yaml, document 1 (InferaDeployment x): spec: unknown variant `tgi`"
             ),
+            "{err}"
+        );
+        let earlier = "apiVersion: infera.amd.com/v1alpha1\nkind: InferaDeployment\nmetadata: {name: old}\nspec:\n  services: {}\n";
+        let err = parse_manifests(earlier, "old.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("convert it first with `infera convert old.yaml`"),
             "{err}"
         );
         let err = parse_manifests("kind: Pod\napiVersion: v1\n", "pod.yaml").unwrap_err();

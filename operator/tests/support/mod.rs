@@ -65,25 +65,9 @@ pub async fn install(client: &kube::Client) {
 
 /// Waits until the API server serves the CRD `name`.
 pub async fn wait_established(api: &Api<CustomResourceDefinition>, name: &str) {
-    eventually(
-        &format!("CRD {name} Established"),
-        Duration::from_secs(30),
-        || async {
-            let crd = api.get(name).await.map_err(|e| e.to_string())?;
-            let established = crd
-                .status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True");
-            if established {
-                Ok(())
-            } else {
-                Err("not established".into())
-            }
-        },
-    )
-    .await;
+    infera_testkit::kube_apiserver::wait_established(&api.clone().into_client(), name)
+        .await
+        .unwrap();
 }
 
 /// Example folders with a `deployment.yaml`, sorted.

@@ -1,0 +1,259 @@
+//! The earlier router service (`componentType: server`, `python -m infera.server`) read
+//! into `spec.gateway`: replicas, port, policy and weights, resources, placement, and a
+//! pod template for what is left. Its image is not kept: the gateway is this project's.
+
+use super::command::{Program, parse_invocation};
+use super::fields::Fields;
+use super::findings::Findings;
+use super::pod::{OPERATOR_ENV, take_apart};
+use serde_json::{Map, Value, json};
+
+/// The earlier router's port.
+pub const DEFAULT_SERVER_PORT: i64 = 8000;
+
+/// What the router service says.
+#[derive(Debug, Clone, Default)]
+pub struct Server {
+    /// `spec.gateway` fields.
+    pub gateway: Map<String, Value>,
+    /// `--router-tokenizer-path`, and where.
+    pub tokenizer: Option<(String, String)>,
+    /// `--kv-event-transport`.
+    pub kv_event_transport: Option<String>,
+    /// `--nats-server`.
+    pub nats_server: Option<String>,
+    /// `--etcd-prefix`.
+    pub etcd_prefix: Option<String>,
+}
+
+/// Reads router service `name` (its `componentType` already taken).
+pub fn read_server(mut svc: Fields, findings: &mut Findings) -> Server {
+    let mut s = Server::default();
+    let g = &mut s.gateway;
+    if svc.take("role").is_some() {
+        findings.note(svc.at("role"), "not read for a server, as before");
+    }
+    if let Some(n) = svc.take_int("replicas", findings) {
+        g.insert("replicas".into(), json!(n));
+    }
+    if svc
+        .take_int("numberOfNodes", findings)
+        .is_some_and(|n| n > 1)
+    {
+        findings.warn(
+            svc.at("numberOfNodes"),
+            "a gateway runs on one node; dropped",
+        );
+    }
+    if svc.take("skipReadinessProbe").is_some() {
+        findings.note(
+            svc.at("skipReadinessProbe"),
+            "not read for a server, as before",
+        );
+    }
+    if svc.take_str("image", findings).is_some() {
+        findings.note(svc.at("image"), "the gateway runs the Infera image (spec.gateway.image names a mirror of it); the earlier router image is not used");
+    }
+    let mut port = svc.take_int("port", findings);
+    let mut labels = Map::new();
+    for (key, value) in svc
+        .take("podLabels")
+        .and_then(|v| v.as_object().cloned())
+        .unwrap_or_default()
+    {
+        if key.starts_with("app.kubernetes.io/") || key.starts_with("infera.amd.com/deployment") {
+            findings.warn(
+                format!("{}.{key}", svc.at("podLabels")),
+                "a label the operator sets on its pods; dropped",
+            );
+        } else {
+            labels.insert(key, value);
+        }
+    }
+    let mut env: Vec<Value> = match svc.take("env") {
+        Some(Value::Array(e)) => e,
+        _ => Vec::new(),
+    };
+    let mut words = [
+        vec!["python3".into(), "-m".into(), "infera.server".into()],
+        svc.take_strings("args", findings),
+    ]
+    .concat();
+    let mut words_path = svc.at("args");
+    let mut resources = Map::new();
+    if let Some(mut r) = svc.take_fields("resources", findings) {
+        let mut requests = Map::new();
+        for key in ["cpu", "memory"] {
+            if let Some(q) = r.take_str(key, findings) {
+                requests.insert(key.into(), json!(q));
+            }
+        }
+        if !requests.is_empty() {
+            resources.insert("requests".into(), Value::Object(requests));
+        }
+        r.report_rest(
+            findings,
+            "a gateway needs no GPUs or shared memory; dropped",
+        );
+    }
+    let mut template = None;
+    if let Some(pod) = svc.take("extraPodSpec") {
+        let path = svc.at("extraPodSpec");
+        let mut parts = take_apart(&path, pod, findings);
+        if let Some(image) = &parts.image {
+            findings.note(format!("{}.image", parts.main_path), format!("{image}: the gateway runs the Infera image (spec.gateway.image names a mirror of it); the earlier router image is not used"));
+        }
+        words = std::mem::take(&mut parts.words);
+        words_path = parts.main_path.clone();
+        if parts.startup_seconds.is_some() {
+            findings.note(
+                format!("{}.startupProbe", parts.main_path),
+                "the gateway's probes are the operator's; dropped",
+            );
+        }
+        if parts.host_network {
+            findings.note(
+                format!("{path}.hostNetwork"),
+                "gateways run on the pod network; dropped",
+            );
+        }
+        if parts.privileged || !parts.capabilities.is_empty() {
+            findings.note(
+                format!("{}.securityContext", parts.main_path),
+                "a gateway needs no privileges or capabilities; dropped",
+            );
+        }
+        env = std::mem::take(&mut parts.env);
+        resources = std::mem::take(&mut parts.resources);
+        for section in ["requests", "limits"] {
+            if let Some(Value::Object(list)) = resources.get_mut(section) {
+                list.retain(|k, _| !k.contains("gpu"));
+            }
+        }
+        if !parts.scheduling.is_empty() {
+            g.insert(
+                "scheduling".into(),
+                Value::Object(std::mem::take(&mut parts.scheduling)),
+            );
+        }
+        if !parts.mounts.is_empty() {
+            findings.note(
+                format!("{}.volumeMounts", parts.main_path),
+                "the gateway reads the tokenizer from the model's source or from the workers; the earlier router's mounts (model, overlay) are not kept",
+            );
+            let names: Vec<String> = parts
+                .mounts
+                .iter()
+                .filter_map(|m| m.get("name").and_then(Value::as_str).map(str::to_owned))
+                .collect();
+            parts.drop_mounts_of(&names);
+        }
+        parts.capabilities.clear();
+        parts.privileged = false;
+        template = Some(parts);
+    }
+    svc.report_rest(findings, "not a field of the earlier schema; dropped");
+    env.retain(|e| {
+        !OPERATOR_ENV.contains(&e.get("name").and_then(Value::as_str).unwrap_or_default())
+    });
+    if !resources.is_empty() {
+        g.insert("resources".into(), Value::Object(resources));
+    }
+    match parse_invocation(&words) {
+        Ok(inv) if inv.program == Program::Server => {
+            if !inv.wrapper.is_empty() {
+                findings.note(
+                    &words_path,
+                    format!(
+                        "ran through {}: the operator runs the gateway itself",
+                        inv.wrapper.join(" ")
+                    ),
+                );
+            }
+            for flag in inv.flags {
+                read_server_flag(&flag, &words_path, &mut s, &mut port, findings);
+            }
+        }
+        Ok(_) => findings.error(
+            &words_path,
+            "a server service must run python3 -m infera.server",
+        ),
+        Err(why) => findings.error(
+            &words_path,
+            format!("{why}: the operator runs the gateway itself; set spec.gateway by hand"),
+        ),
+    }
+    if let Some(p) = port.filter(|p| *p != DEFAULT_SERVER_PORT) {
+        s.gateway.insert("service".into(), json!({"port": p}));
+    }
+    let mut pod =
+        template.and_then(|parts| parts.into_template("gateway", labels.clone(), findings));
+    if pod.is_none() && !labels.is_empty() {
+        pod = Some(json!({"metadata": {"labels": labels}}));
+    }
+    if !env.is_empty() {
+        let p = pod.get_or_insert_with(|| json!({}));
+        merge_container_env(p, "gateway", env);
+    }
+    if let Some(p) = pod {
+        s.gateway.insert("podTemplate".into(), p);
+    }
+    s
+}
+
+/// Adds `env` to container `name` of pod template `template`.
+pub fn merge_container_env(template: &mut Value, name: &str, env: Vec<Value>) {
+    let containers = template["spec"]["containers"].as_array_mut();
+    match containers {
+        Some(list) => {
+            if let Some(c) = list.iter_mut().find(|c| c["name"] == json!(name)) {
+                c["env"] = Value::Array(env);
+            } else {
+                list.insert(0, json!({"name": name, "env": env}));
+            }
+        }
+        None => template["spec"]["containers"] = json!([{"name": name, "env": env}]),
+    }
+}
+
+fn read_server_flag(
+    flag: &super::command::Flag,
+    path: &str,
+    s: &mut Server,
+    port: &mut Option<i64>,
+    findings: &mut Findings,
+) {
+    let value = flag.value().map(str::to_owned);
+    let number = || value.as_deref().and_then(|v| v.parse::<f64>().ok());
+    match flag.name.as_str() {
+        "--host" | "--discovery-backend" | "--etcd-endpoint" | "--k8s-label-selector" | "--k8s-namespace" => {}
+        "--etcd-prefix" => s.etcd_prefix = value,
+        "--port" => *port = value.as_deref().and_then(|v| v.parse().ok()),
+        "--router-policy" => match value.as_deref() {
+            Some(p @ ("kv-aware" | "round-robin" | "random")) => {
+                s.gateway.insert("policy".into(), json!(p));
+            }
+            other => findings.warn(path, format!("--router-policy {}: not a policy here (kv-aware, round-robin, random); the default kv-aware is used", other.unwrap_or_default())),
+        },
+        name @ ("--kv-overlap-weight" | "--kv-prefill-overlap-weight" | "--kv-decode-overlap-weight") if number().is_some() => {
+            let field = match name {
+                "--kv-overlap-weight" => "kvOverlapWeight",
+                "--kv-prefill-overlap-weight" => "kvPrefillOverlapWeight",
+                _ => "kvDecodeOverlapWeight",
+            };
+            s.gateway.insert(field.into(), json!(number()));
+        }
+        "--router-tokenizer-path" => s.tokenizer = value.map(|v| (v, path.to_owned())),
+        "--kv-event-transport" => s.kv_event_transport = value,
+        "--nats-server" => s.nats_server = value,
+        "--request-transport" => {
+            if value.as_deref() != Some("http") {
+                findings.note(path, "--request-transport nats: the gateway reaches workers over HTTP (the NATS request plane is not built here)");
+            }
+        }
+        _ => findings.warn(
+            path,
+            format!("{}: no field of spec.gateway holds it (the operator renders the gateway's flags); dropped", flag.words.join(" ")),
+        ),
+    }
+}
