@@ -59,7 +59,14 @@ pub fn convert_deployment(doc: Value) -> Converted {
     read_gaie(&mut spec, &name, &mut f);
     let envs = match spec.take("envs") {
         Some(Value::Array(e)) => e,
-        _ => Vec::new(),
+        None => Vec::new(),
+        Some(other) => {
+            f.error(
+                "spec.envs",
+                format!("expected a list of env vars, found {other}"),
+            );
+            Vec::new()
+        }
     };
     let services_path = spec.at("services");
     let mut workers = Vec::new();
@@ -83,23 +90,50 @@ pub fn convert_deployment(doc: Value) -> Converted {
     if !envs.is_empty() && workers.iter().all(|w| w.pod.is_some()) {
         f.warn("spec.envs", "the earlier operator gave spec.envs only to services without extraPodSpec, so no engine had them; dropped");
     }
-    let server = match servers.len() {
-        0 => {
-            f.note(&services_path, "no server service: the deployment gets its own gateway (spec.gateway.replicas, default 1)");
-            Server::default()
+    let mut service_labels = Map::new();
+    for w in &workers {
+        service_labels.insert(
+            w.name.clone(),
+            json!({"infera.amd.com/role": w.role, "app.kubernetes.io/component": "engine"}),
+        );
+        let ours = if w.nodes > 1 {
+            Some("LeaderWorkerSet")
+        } else {
+            None
+        };
+        if let Some(kind) =
+            ours.filter(|_| matches!(w.name.as_str(), "mixed" | "prefill" | "decode"))
+        {
+            f.warn(&w.path, format!("the earlier operator's {kind} {name}-{} has the name of this operator's {kind} for the {} workers: delete the earlier one before applying the result (README, switching a cluster over)", w.name, w.role));
         }
-        _ => {
-            for (extra, _) in &servers[1..] {
-                f.warn(format!("{services_path}.{extra}"), "a second router service: one gateway Deployment serves the deployment (spec.gateway.replicas); dropped");
-            }
-            servers.swap_remove(0).1
+    }
+    for (svc_name, _) in &servers {
+        service_labels.insert(
+            svc_name.clone(),
+            json!({"app.kubernetes.io/component": "gateway"}),
+        );
+        if svc_name == "gateway" {
+            f.warn(format!("{services_path}.gateway"), format!("the earlier operator's Deployment and Service {name}-gateway have the names of this operator's gateway: delete them before applying the result (README, switching a cluster over)"));
         }
-    };
+    }
     let mut build = Build {
         name,
         f,
         services_path,
         image,
+        service_labels,
+    };
+    let server = match servers.len() {
+        0 => {
+            build.f.note(&build.services_path, "no server service: the deployment gets its own gateway (spec.gateway.replicas, default 1)");
+            Server::default()
+        }
+        _ => {
+            for (extra, _) in &servers[1..] {
+                build.f.warn(format!("{}.{extra}", build.services_path), "a second router service: one gateway Deployment serves the deployment (spec.gateway.replicas); dropped");
+            }
+            servers.swap_remove(0).1
+        }
     };
     let Some(roles) = build.roles(workers) else {
         return Converted {
@@ -221,6 +255,8 @@ struct Build {
     f: Findings,
     services_path: String,
     image: Option<String>,
+    /// This operator's pod labels for each earlier service name.
+    service_labels: Map<String, Value>,
 }
 
 fn gcd(a: i64, b: i64) -> i64 {
@@ -361,23 +397,11 @@ impl Build {
             }
         }
         let scheduling = self.scheduling(&all, &mut templates);
-        let args_of = |w: &Worker| -> Vec<Vec<String>> {
-            let mut args: Vec<Vec<String>> = w.flags.args.iter().map(|a| a.words.clone()).collect();
-            if !w.flags.ib_devices.is_empty() && !rdma_on(&all) {
-                args.push(vec![
-                    "--disaggregation-ib-device".into(),
-                    w.flags.ib_devices.join(","),
-                ]);
-            }
-            if let Some(t) = &w.flags.tokenizer
-                && !t.starts_with(&format!("{model_path}/"))
-                && *t != model_path
-            {
-                args.push(vec!["--tokenizer".into(), t.clone()]);
-            }
-            args
-        };
-        let per_role: Vec<Vec<Vec<String>>> = all.iter().map(|w| args_of(w)).collect();
+        let rdma = rdma_on(&all);
+        let per_role: Vec<Vec<Vec<String>>> = all
+            .iter()
+            .map(|w| self.role_args(w, &model_path, rdma))
+            .collect();
         let shared_args: Vec<Vec<String>> = per_role[0]
             .iter()
             .filter(|a| per_role.iter().all(|r| r.contains(a)))
@@ -401,12 +425,16 @@ impl Build {
         if let Some(s) = shm.first() {
             engine.insert("sharedMemorySize".into(), json!(s));
         }
-        if let Some(dtype) = first
-            .flags
-            .kv_cache_dtype
-            .as_deref()
-            .filter(|d| *d != "fp8")
-        {
+        // Without the flag the earlier SGLang and vLLM launchers chose fp8 (unless
+        // INFERA_DEFAULT_KV_FP8=0); ATOM kept its own default, bf16.
+        let dtype = first.flags.kv_cache_dtype.clone().unwrap_or_else(|| {
+            if first.engine == "atom" || !first.default_kv_fp8 {
+                "auto".into()
+            } else {
+                "fp8".into()
+            }
+        });
+        if dtype != "fp8" {
             engine.insert("kvCacheDtype".into(), json!(dtype));
         }
         if let Some(d) = all.iter().filter_map(|w| w.drain_seconds).max() {
@@ -564,10 +592,39 @@ impl Build {
         if let Some(rel) = first
             .flags
             .tokenizer
-            .as_deref()
+            .as_ref()
+            .and_then(|t| t.value())
             .and_then(|t| t.strip_prefix(&format!("{path}/")))
         {
             model.insert("tokenizer".into(), json!(rel));
+        }
+        for w in &all[1..] {
+            let differs =
+                |what: &str, a: Option<&str>, b: Option<&str>| (a != b).then(|| what.to_owned());
+            let diffs: Vec<String> = [
+                differs(
+                    "--served-model-name",
+                    first.flags.served_name.as_deref(),
+                    w.flags.served_name.as_deref(),
+                ),
+                differs(
+                    "--quantization",
+                    first.flags.quantization.as_deref(),
+                    w.flags.quantization.as_deref(),
+                ),
+                differs(
+                    "--kv-cache-dtype",
+                    first.flags.kv_cache_dtype.as_deref(),
+                    w.flags.kv_cache_dtype.as_deref(),
+                ),
+                differs("/dev/shm size", first.shm.as_deref(), w.shm.as_deref()),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            if !diffs.is_empty() {
+                self.f.warn(&w.flags_path, format!("{} differ from the {} workers': one value per deployment, the {} workers' kept", diffs.join(", "), first.role, first.role));
+            }
         }
         if let Some(s) = all.iter().filter_map(|w| w.startup_seconds).max() {
             model.insert("startupBudgetSeconds".into(), json!(s.clamp(60, 14400)));
@@ -676,8 +733,48 @@ impl Build {
             parts.drop_mounts_of(&names);
         }
         let mut t = parts.into_template("engine", labels, &mut self.f)?;
-        rewrite_selectors(&mut t, &mut self.f, &w.path);
+        rewrite_selectors(&mut t, &mut self.f, &w.path, &self.service_labels);
         Some(t)
+    }
+
+    /// A role's verbatim engine flags. Paths in the model folder move to where the
+    /// operator mounts the model; SGLang decode workers keep the radix cache the earlier
+    /// launcher turned on for them.
+    fn role_args(&mut self, w: &Worker, model_path: &str, rdma: bool) -> Vec<Vec<String>> {
+        let mut args: Vec<Vec<String>> = w.flags.args.iter().map(|a| a.words.clone()).collect();
+        if !w.flags.ib_devices.is_empty() && !rdma {
+            args.push(vec![
+                "--disaggregation-ib-device".into(),
+                w.flags.ib_devices.join(","),
+            ]);
+        }
+        if let Some(t) = &w.flags.tokenizer {
+            args.push(t.words.clone());
+        }
+        let launcher_radix = w.engine == "sglang"
+            && w.role == "decode"
+            && w.flags.transport.backend.as_deref() == Some("mooncake")
+            && w.flags.kv_events
+            && !args.iter().flatten().any(|a| {
+                a == "--disaggregation-decode-enable-radix-cache"
+                    || a.starts_with("--speculative-algorithm")
+            });
+        if launcher_radix {
+            args.push(vec!["--disaggregation-decode-enable-radix-cache".into()]);
+            self.f.note(&w.flags_path, "--disaggregation-decode-enable-radix-cache: the earlier launcher added it for SGLang decode workers over Mooncake with KV events; kept as an argument");
+        }
+        if model_path.starts_with('/') {
+            let mount = infera_operator::render::engine::MODEL_MOUNT;
+            for word in args.iter_mut().flatten() {
+                if let Some(rest) = word
+                    .strip_prefix(model_path)
+                    .filter(|r| r.is_empty() || r.starts_with('/'))
+                {
+                    *word = format!("{mount}{rest}");
+                }
+            }
+        }
+        args
     }
 
     fn transport(&mut self, p: &Worker, d: &Worker) -> Value {
@@ -702,7 +799,7 @@ impl Build {
             Some(other) => self.f.error(&p.flags_path, format!("KV transport {other:?}: mooncake or mori")),
             None => self.f.note(&p.flags_path, "no KV transport named: mooncake, the engines' default"),
         }
-        if tp.read_mode || td.read_mode {
+        if tp.read_mode || td.read_mode || p.mori_read_env || d.mori_read_env {
             t.insert("readMode".into(), json!(true));
         }
         for (key, v) in [
@@ -762,7 +859,7 @@ impl Build {
         }
         if let Some(Value::Object(s)) = g.get_mut("scheduling") {
             let mut v = Value::Object(std::mem::take(s));
-            rewrite_selectors(&mut v, &mut self.f, "spec.services");
+            rewrite_selectors(&mut v, &mut self.f, "spec.services", &self.service_labels);
             g.insert("scheduling".into(), v);
         }
         g
@@ -827,13 +924,7 @@ impl Build {
             return Value::Null;
         }
         let managed = format!("nats://{}-nats:4222", self.name);
-        let env_url = all
-            .iter()
-            .flat_map(|w| w.env.iter())
-            .find(|e| e.get("name") == Some(&json!("NATS_SERVER")))
-            .and_then(|e| e.get("value"))
-            .and_then(Value::as_str)
-            .map(str::to_owned);
+        let env_url = all.iter().find_map(|w| w.nats_env.clone());
         let url = all
             .iter()
             .find_map(|w| w.flags.nats_server.clone())
@@ -864,6 +955,9 @@ impl Build {
     fn kv_cache(&mut self, all: &[&Worker]) -> Value {
         if !all.iter().any(|w| w.flags.kvd || w.kvd.is_some()) {
             return Value::Null;
+        }
+        if let Some(w) = all.iter().find(|w| !w.flags.kvd && w.kvd.is_none()) {
+            self.f.note(&w.path, format!("kvd ran beside some roles only; spec.kvCache runs it beside every engine pod, the {} workers too", w.role));
         }
         let mut kv = json!({"enabled": true});
         if let Some(w) = all.iter().find(|w| w.kvd.is_some())
@@ -945,7 +1039,7 @@ impl Build {
         let first = &all[0].scheduling;
         if all.iter().all(|w| w.scheduling == *first) {
             let mut v = Value::Object(first.clone());
-            rewrite_selectors(&mut v, &mut self.f, &all[0].path);
+            rewrite_selectors(&mut v, &mut self.f, &all[0].path, &self.service_labels);
             return v;
         }
         for (w, t) in all.iter().zip(templates.iter_mut()) {
@@ -956,7 +1050,7 @@ impl Build {
             for (key, value) in &w.scheduling {
                 t["spec"][key.as_str()] = value.clone();
             }
-            rewrite_selectors(t, &mut self.f, &w.path);
+            rewrite_selectors(t, &mut self.f, &w.path, &self.service_labels);
         }
         Value::Null
     }
@@ -1038,32 +1132,36 @@ fn merge_container_field(t: &mut Value, name: &str, field: &str, value: Value) {
 /// The earlier operator labelled pods `infera.amd.com/service: <service>`; selectors
 /// in affinity and spread constraints that name it are pointed at this operator's
 /// labels (`infera.amd.com/role`), which `matchExpressions` cannot be: reported.
-fn rewrite_selectors(v: &mut Value, f: &mut Findings, path: &str) {
+fn rewrite_selectors(v: &mut Value, f: &mut Findings, path: &str, services: &Map<String, Value>) {
     const SERVICE: &str = "infera.amd.com/service";
     match v {
         Value::Object(m) => {
             if let Some(Value::Object(ml)) = m.get_mut("matchLabels")
                 && let Some(svc) = ml.remove(SERVICE)
             {
-                let role = match svc.as_str() {
-                    Some(s @ ("prefill" | "decode")) => s.to_owned(),
-                    _ => "mixed".to_owned(),
-                };
-                ml.insert("infera.amd.com/role".into(), json!(role));
-                ml.insert("app.kubernetes.io/component".into(), json!("engine"));
+                match svc
+                    .as_str()
+                    .and_then(|s| services.get(s))
+                    .and_then(Value::as_object)
+                {
+                    Some(labels) => ml.extend(labels.clone()),
+                    None => {
+                        f.warn(path, format!("a selector on {SERVICE}={svc}, a service this manifest does not have: dropped from the selector"));
+                    }
+                }
             }
             if let Some(Value::Array(exprs)) = m.get("matchExpressions")
                 && exprs.iter().any(|e| e.get("key") == Some(&json!(SERVICE)))
             {
-                f.warn(path, format!("a matchExpressions on {SERVICE}: this operator's pods carry infera.amd.com/role (mixed, prefill, decode) instead; rewrite it by hand"));
+                f.warn(path, format!("a matchExpressions on {SERVICE}: this operator's pods carry infera.amd.com/role (mixed, prefill, decode) and app.kubernetes.io/component (engine, gateway) instead; rewrite it by hand"));
             }
             for child in m.values_mut() {
-                rewrite_selectors(child, f, path);
+                rewrite_selectors(child, f, path, services);
             }
         }
         Value::Array(items) => {
             for item in items {
-                rewrite_selectors(item, f, path);
+                rewrite_selectors(item, f, path, services);
             }
         }
         _ => {}
@@ -1200,7 +1298,7 @@ mod tests {
     fn placement_per_role_goes_to_role_templates_with_selectors_renamed() {
         let anti = json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
             "topologyKey": "kubernetes.io/hostname",
-            "labelSelector": {"matchLabels": {"infera.amd.com/deployment": "mk", "infera.amd.com/service": "decode"}}}]}});
+            "labelSelector": {"matchLabels": {"infera.amd.com/deployment": "mk", "infera.amd.com/service": "d"}}}]}});
         let pod = |node: &str, affinity: Value| {
             json!({"extraPodSpec": {
             "nodeSelector": {"kubernetes.io/hostname": node}, "affinity": affinity,
@@ -1230,6 +1328,87 @@ mod tests {
         assert_eq!(
             idep["spec"]["engine"]["args"],
             json!(["--enable-dp-attention", "--dp-size", "2"])
+        );
+    }
+
+    #[test]
+    fn what_the_earlier_launchers_read_from_env_and_flags_is_kept() {
+        let pod = |role: &str, graphs: &[&str]| {
+            let mut command: Vec<String> = [
+                "python3",
+                "-m",
+                "infera.engine.vllm",
+                "--model",
+                "/models/m",
+                "--tokenizer",
+                "/models/m/tok",
+                "--cuda-graph-sizes",
+            ]
+            .iter()
+            .map(|w| (*w).to_owned())
+            .collect();
+            command.extend(graphs.iter().map(|g| (*g).to_owned()));
+            command.extend([
+                "--kv-transfer-config".to_owned(),
+                r#"{"kv_connector":"MoRIIOConnector"}"#.to_owned(),
+                "--max-num-seqs".to_owned(),
+                "$SEQS".to_owned(),
+            ]);
+            worker(
+                role,
+                1,
+                json!({"args": null, "extraPodSpec": {
+                "containers": [{"name": "main", "image": "registry.invalid/vllm:1", "command": command,
+                    "env": [{"name": "INFERA_DRAIN_TIMEOUT", "value": "300"}, {"name": "NATS_SERVER", "value": "nats://bus.infra:4222"},
+                        {"name": "INFERA_DEFAULT_KV_FP8", "value": "0"}, {"name": "VLLM_MORIIO_CONNECTOR_READ_MODE", "value": "1"}],
+                    "volumeMounts": [{"name": "models", "mountPath": "/models"}]}],
+                "volumes": [{"name": "models", "hostPath": {"path": "/mnt/w"}}]}}),
+            )
+        };
+        let mut doc = earlier(
+            json!({"p": pod("prefill", &["1", "2", "4"]), "d": pod("decode", &["1", "2", "8"])}),
+        );
+        doc["spec"]["nats"] = json!({"deploy": true});
+        let c = convert_deployment(doc);
+        assert!(errors(&c).is_empty(), "{:?}", c.findings);
+        let (topology, idep) = (&c.documents[0], &c.documents[1]);
+        let spec = &idep["spec"];
+        assert_eq!(spec["engine"]["drainSeconds"], 300);
+        assert_eq!(spec["engine"]["kvCacheDtype"], "auto");
+        assert_eq!(
+            spec["messaging"],
+            json!({"backend": "nats", "natsUrl": "nats://bus.infra:4222"})
+        );
+        assert_eq!(
+            topology["spec"]["transport"],
+            json!({"backend": "mori", "readMode": true})
+        );
+        assert_eq!(
+            spec["model"]["source"],
+            json!({"hostPath": {"path": "/mnt/w/m"}})
+        );
+        assert_eq!(spec["model"]["tokenizer"], "tok");
+        // Multi-valued flags stay whole: shared when equal, per role when not; paths in
+        // the model folder move to where the operator mounts it.
+        assert_eq!(
+            spec["engine"]["args"],
+            json!(["--max-num-seqs", "$SEQS", "--tokenizer", "/model-store/tok"])
+        );
+        assert_eq!(
+            topology["spec"]["prefill"]["args"],
+            json!(["--cuda-graph-sizes", "1", "2", "4"])
+        );
+        assert_eq!(
+            topology["spec"]["decode"]["args"],
+            json!(["--cuda-graph-sizes", "1", "2", "8"])
+        );
+        assert!(spec["engine"].get("env").is_none(), "{spec}");
+        assert!(
+            c.findings.0.iter().any(|f| f.severity == Severity::Warning
+                && f.message
+                    .starts_with("--max-num-seqs $SEQS: a shell variable")),
+            "{:?}",
+            c.findings
         );
     }
 }

@@ -29,8 +29,8 @@ pub struct EngineFlags {
     pub model: Option<String>,
     /// `--served-model-name`.
     pub served_name: Option<String>,
-    /// `--tokenizer` / `--tokenizer-path`.
-    pub tokenizer: Option<String>,
+    /// `--tokenizer` / `--tokenizer-path` as written.
+    pub tokenizer: Option<Flag>,
     /// Tensor-parallel size.
     pub tensor_parallel: Option<i64>,
     /// Data-parallel size.
@@ -61,6 +61,8 @@ pub struct EngineFlags {
     pub etcd_prefix: Option<String>,
     /// `--disaggregation-ib-device` (SGLang).
     pub ib_devices: Vec<String>,
+    /// KV events on (the earlier launchers' `--enable-kv-events`, default on).
+    pub kv_events: bool,
     /// Engine flags passed on verbatim.
     pub args: Vec<Flag>,
 }
@@ -80,6 +82,40 @@ const RENDERED: &[&str] = &[
     "--enable-kv-events",
 ];
 
+/// Flags read into fields, each with one value.
+const SINGLE_VALUED: &[&str] = &[
+    "--model",
+    "--model-path",
+    "--tokenizer",
+    "--tokenizer-path",
+    "--tensor-parallel-size",
+    "-tp",
+    "--tp-size",
+    "--tp",
+    "--data-parallel-size",
+    "-dp",
+    "--dp-size",
+    "--dp",
+    "--quantization",
+    "-q",
+    "--kv-cache-dtype",
+    "--kv_cache_dtype",
+    "--disaggregation-mode",
+    "--disaggregation-transfer-backend",
+    "--disaggregation-bootstrap-port",
+    "--disaggregation-ib-device",
+    "--kv-transfer-config",
+    "--drain-timeout",
+    "--kv-event-transport",
+    "--nats-server",
+    "--discovery-backend",
+    "--etcd-endpoint",
+    "--etcd-prefix",
+    "--request-transport",
+    "--host",
+    "--port",
+];
+
 /// Multi-node rendezvous flags: rendered for `nodesPerWorker` > 1.
 const MULTI_NODE: &[&str] = &[
     "--nnodes",
@@ -96,13 +132,16 @@ pub fn read_engine_flags(
     path: &str,
     findings: &mut Findings,
 ) -> EngineFlags {
-    let mut out = EngineFlags::default();
+    let mut out = EngineFlags {
+        kv_events: true,
+        ..EngineFlags::default()
+    };
     let mut split = Vec::new();
     for flag in flags {
-        // A mapped flag takes one value; words after it are positional (verbatim).
+        // A flag read into a field takes one value; words after it are positional
+        // (verbatim). Other flags keep all their values (`--cuda-graph-bs 1 2 4`).
         if flag.values.len() > 1
-            && flag.name != "--served-model-name"
-            && !flag.name.is_empty()
+            && SINGLE_VALUED.contains(&flag.name.as_str())
             && !flag.words[0].contains('=')
         {
             let mut head = flag.clone();
@@ -142,7 +181,7 @@ pub fn read_engine_flags(
                 }
                 out.served_name = value;
             }
-            "--tokenizer" | "--tokenizer-path" => out.tokenizer = value,
+            "--tokenizer" | "--tokenizer-path" => out.tokenizer = Some(flag.clone()),
             "--tensor-parallel-size" | "-tp" | "--tp-size" | "--tp" if int().is_some() => {
                 out.tensor_parallel = int();
             }
@@ -199,7 +238,15 @@ pub fn read_engine_flags(
                 format!("{}: an earlier launcher flag with no equivalent here; dropped", flag.words.join(" ")),
             ),
             n if RENDERED.contains(&n) || MULTI_NODE.contains(&n) => {}
-            _ => out.args.push(flag.clone()),
+            _ => {
+                if flag.words.iter().any(|w| shell_variable(w)) {
+                    findings.warn(
+                        path,
+                        format!("{}: a shell variable, which no shell expands here: write $(NAME) (Kubernetes expands it from the container's env) or the value", flag.words.join(" ")),
+                    );
+                }
+                out.args.push(flag.clone());
+            }
         }
     }
     // SGLang's data-parallel attention runs its ranks inside the tensor-parallel GPUs:
@@ -218,10 +265,22 @@ pub fn read_engine_flags(
     out
 }
 
+/// `$NAME` or `${NAME}`: what `sh -c` expanded; Kubernetes expands only `$(NAME)`.
+fn shell_variable(word: &str) -> bool {
+    word.match_indices('$').any(|(i, _)| {
+        word[i + 1..]
+            .chars()
+            .next()
+            .is_some_and(|c| c == '{' || c == '_' || c.is_ascii_alphabetic())
+    })
+}
+
 /// The deployment's `kvCacheDtype` for an engine's `--kv-cache-dtype` value.
 fn kv_cache_dtype(value: Option<&str>) -> Option<&'static str> {
     match value? {
-        "fp8" | "fp8_e4m3" | "fp8_e5m2" | "fp8_ds_mla" => Some("fp8"),
+        // What the operator renders for fp8 (vLLM `fp8`, an E4M3 cache; SGLang
+        // `fp8_e4m3`); other fp8 formats stay verbatim flags.
+        "fp8" | "fp8_e4m3" => Some("fp8"),
         "auto" => Some("auto"),
         "bfloat16" | "bf16" => Some("bf16"),
         _ => None,

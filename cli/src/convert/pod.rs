@@ -49,10 +49,8 @@ pub struct PodParts {
     pub image: Option<String>,
     /// Main container's command then args.
     pub words: Vec<String>,
-    /// Main container's env, without what the operator sets.
+    /// Main container's env.
     pub env: Vec<Value>,
-    /// `INFERA_DRAIN_TIMEOUT` in the main container.
-    pub drain_env: Option<String>,
     /// Main container's resources.
     pub resources: Map<String, Value>,
     /// Main container's mounts not taken yet.
@@ -237,16 +235,8 @@ fn take_main(at: &str, container: Value, parts: &mut PodParts, findings: &mut Fi
         .remove("image")
         .and_then(|v| v.as_str().map(str::to_owned));
     parts.words = [strings(c.remove("command")), strings(c.remove("args"))].concat();
-    for e in match c.remove("env") {
-        Some(Value::Array(e)) => e,
-        _ => Vec::new(),
-    } {
-        let name = e.get("name").and_then(Value::as_str).unwrap_or_default();
-        if name == "INFERA_DRAIN_TIMEOUT" {
-            parts.drain_env = e.get("value").and_then(Value::as_str).map(str::to_owned);
-        } else if !OPERATOR_ENV.contains(&name) {
-            parts.env.push(e);
-        }
+    if let Some(Value::Array(env)) = c.remove("env") {
+        parts.env = env;
     }
     if let Some(Value::Object(r)) = c.remove("resources") {
         parts.resources = r;

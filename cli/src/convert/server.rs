@@ -72,7 +72,14 @@ pub fn read_server(mut svc: Fields, findings: &mut Findings) -> Server {
     }
     let mut env: Vec<Value> = match svc.take("env") {
         Some(Value::Array(e)) => e,
-        _ => Vec::new(),
+        None => Vec::new(),
+        Some(other) => {
+            findings.error(
+                svc.at("env"),
+                format!("expected a list of env vars, found {other}"),
+            );
+            Vec::new()
+        }
     };
     let mut words = [
         vec!["python3".into(), "-m".into(), "infera.server".into()],
@@ -182,6 +189,21 @@ pub fn read_server(mut svc: Fields, findings: &mut Findings) -> Server {
             &words_path,
             format!("{why}: the operator runs the gateway itself; set spec.gateway by hand"),
         ),
+    }
+    // The earlier router weighed prefill and decode picks with --kv-overlap-weight
+    // unless their own flags were given.
+    let g = &mut s.gateway;
+    match g.get("kvOverlapWeight").cloned() {
+        Some(w) => {
+            for field in ["kvPrefillOverlapWeight", "kvDecodeOverlapWeight"] {
+                g.entry(field).or_insert_with(|| w.clone());
+            }
+        }
+        None if !g.contains_key("kvPrefillOverlapWeight") && !g.contains_key("kvDecodeOverlapWeight") => findings.note(
+            &words_path,
+            "no cache weights given: the earlier router weighed cached blocks 1 against load (prefill and decode alike), this gateway 4, 20 and 2 (README, defaults that differ); set spec.gateway.kvOverlapWeight, kvPrefillOverlapWeight and kvDecodeOverlapWeight to 1 to keep the earlier routing",
+        ),
+        None => {}
     }
     if let Some(p) = port.filter(|p| *p != DEFAULT_SERVER_PORT) {
         s.gateway.insert("service".into(), json!({"port": p}));

@@ -57,6 +57,12 @@ pub struct Worker {
     pub scheduling: Map<String, Value>,
     /// The earlier kvd container's flags and mounts.
     pub kvd: Option<super::pod::SideContainer>,
+    /// `NATS_SERVER` in the env.
+    pub nats_env: Option<String>,
+    /// The earlier launchers' fp8 KV-cache default was on (`INFERA_DEFAULT_KV_FP8`).
+    pub default_kv_fp8: bool,
+    /// `VLLM_MORIIO_CONNECTOR_READ_MODE` on.
+    pub mori_read_env: bool,
     /// What is left of the pod (or the service's podLabels).
     pub pod: Option<PodParts>,
     /// `podLabels`.
@@ -76,6 +82,7 @@ pub fn read_worker(
     let mut w = Worker {
         name: name.to_owned(),
         path: svc.path().to_owned(),
+        default_kv_fp8: true,
         ..Default::default()
     };
     w.role = svc
@@ -122,7 +129,14 @@ pub fn read_worker(
     let flat_args = svc.take_strings("args", findings);
     let flat_env = match svc.take("env") {
         Some(Value::Array(e)) => e,
-        _ => Vec::new(),
+        None => Vec::new(),
+        Some(other) => {
+            findings.error(
+                svc.at("env"),
+                format!("expected a list of env vars, found {other}"),
+            );
+            Vec::new()
+        }
     };
     let flat_resources = svc.take_fields("resources", findings);
     let words;
@@ -144,12 +158,8 @@ pub fn read_worker(
             w.image_path = format!("{}.image", parts.main_path);
             words = std::mem::take(&mut parts.words);
             w.flags_path = parts.main_path.clone();
-            w.env = std::mem::take(&mut parts.env);
-            w.drain_seconds = parts
-                .drain_env
-                .as_deref()
-                .and_then(|v| v.parse::<f64>().ok())
-                .map(|s| s.ceil() as i64);
+            let env = std::mem::take(&mut parts.env);
+            read_env(&mut w, env, &format!("{}.env", parts.main_path), findings);
             w.startup_seconds = parts.startup_seconds;
             w.host_network = parts.host_network;
             w.scheduling = std::mem::take(&mut parts.scheduling);
@@ -193,15 +203,8 @@ pub fn read_worker(
             ]
             .concat();
             w.flags_path = svc.at("args");
-            w.env = envs
-                .iter()
-                .cloned()
-                .chain(flat_env)
-                .filter(|e| {
-                    !OPERATOR_ENV
-                        .contains(&e.get("name").and_then(Value::as_str).unwrap_or_default())
-                })
-                .collect();
+            let env = envs.iter().cloned().chain(flat_env).collect();
+            read_env(&mut w, env, &svc.at("env"), findings);
             if let Some(mut r) = flat_resources {
                 let gpu = r.take_int("gpu", findings).unwrap_or(0);
                 let gpu_type = r
@@ -263,6 +266,49 @@ pub fn read_worker(
         );
     }
     w
+}
+
+/// The engine container's env: what the earlier launchers read becomes fields (the
+/// drain, NATS, the fp8 KV default, MoRI's read mode); what the operator sets goes.
+fn read_env(w: &mut Worker, env: Vec<Value>, path: &str, findings: &mut Findings) {
+    for e in env {
+        let name = e
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let value = e.get("value").and_then(Value::as_str).map(str::to_owned);
+        let handled = matches!(
+            name.as_str(),
+            "INFERA_DRAIN_TIMEOUT"
+                | "NATS_SERVER"
+                | "INFERA_DEFAULT_KV_FP8"
+                | "VLLM_MORIIO_CONNECTOR_READ_MODE"
+        );
+        if handled && e.get("valueFrom").is_some() {
+            findings.warn(
+                format!("{path}.{name}"),
+                "read from a ConfigMap or Secret, which the converter cannot see: set the field it stands for by hand; dropped",
+            );
+        }
+        let literal = || value.clone();
+        match name.as_str() {
+            "INFERA_DRAIN_TIMEOUT" => {
+                w.drain_seconds = literal()
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .filter(|s| s.is_finite() && *s >= 0.0)
+                    .map(|s| s.ceil() as i64);
+            }
+            "NATS_SERVER" => w.nats_env = literal(),
+            "INFERA_DEFAULT_KV_FP8" => w.default_kv_fp8 = literal().as_deref() != Some("0"),
+            "VLLM_MORIIO_CONNECTOR_READ_MODE" => {
+                w.mori_read_env =
+                    literal().is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
+            }
+            n if OPERATOR_ENV.contains(&n) => {}
+            _ => w.env.push(e),
+        }
+    }
 }
 
 /// Puts what is left of the main container's security context back.
