@@ -11,8 +11,10 @@ pub mod deployment;
 pub mod engine_flags;
 pub mod fields;
 pub mod findings;
+pub mod model;
 pub mod pod;
 pub mod server;
+pub mod wiring;
 pub mod worker;
 
 use anyhow::{Context, Result};
