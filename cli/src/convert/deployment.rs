@@ -58,17 +58,7 @@ pub fn convert_deployment(doc: Value) -> Converted {
     }
     let nats_deployed = read_nats(&mut spec, &mut f);
     read_gaie(&mut spec, &name, &mut f);
-    let envs = match spec.take("envs") {
-        Some(Value::Array(e)) => e,
-        None => Vec::new(),
-        Some(other) => {
-            f.error(
-                "spec.envs",
-                format!("expected a list of env vars, found {other}"),
-            );
-            Vec::new()
-        }
-    };
+    let envs = spec.take_list("envs", &mut f);
     let services_path = spec.at("services");
     let mut workers = Vec::new();
     let mut servers = Vec::new();

@@ -99,6 +99,18 @@ impl Fields {
         }
     }
 
+    /// Takes `key` as a list of any items (env vars, ...); another type is an error.
+    pub fn take_list(&mut self, key: &str, findings: &mut Findings) -> Vec<Value> {
+        match self.take(key) {
+            None => Vec::new(),
+            Some(Value::Array(items)) => items,
+            Some(other) => {
+                findings.error(self.at(key), format!("expected a list, found {other}"));
+                Vec::new()
+            }
+        }
+    }
+
     /// Takes `key` as a nested object.
     pub fn take_fields(&mut self, key: &str, findings: &mut Findings) -> Option<Fields> {
         let path = self.at(key);

@@ -70,17 +70,7 @@ pub fn read_server(mut svc: Fields, findings: &mut Findings) -> Server {
             labels.insert(key, value);
         }
     }
-    let mut env: Vec<Value> = match svc.take("env") {
-        Some(Value::Array(e)) => e,
-        None => Vec::new(),
-        Some(other) => {
-            findings.error(
-                svc.at("env"),
-                format!("expected a list of env vars, found {other}"),
-            );
-            Vec::new()
-        }
-    };
+    let mut env: Vec<Value> = svc.take_list("env", findings);
     let mut words = [
         vec!["python3".into(), "-m".into(), "infera.server".into()],
         svc.take_strings("args", findings),

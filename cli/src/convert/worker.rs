@@ -127,17 +127,7 @@ pub fn read_worker(
     }
     let flat_image = svc.take_str("image", findings);
     let flat_args = svc.take_strings("args", findings);
-    let flat_env = match svc.take("env") {
-        Some(Value::Array(e)) => e,
-        None => Vec::new(),
-        Some(other) => {
-            findings.error(
-                svc.at("env"),
-                format!("expected a list of env vars, found {other}"),
-            );
-            Vec::new()
-        }
-    };
+    let flat_env = svc.take_list("env", findings);
     let flat_resources = svc.take_fields("resources", findings);
     let words;
     match svc.take("extraPodSpec") {
