@@ -829,4 +829,41 @@ mod tests {
             c.findings
         );
     }
+
+    #[test]
+    fn router_flags_the_gateway_reads_from_env_are_carried_there() {
+        let router = json!({"componentType": "server", "args": ["--router-mode", "direct", "--request-max-retries", "2",
+            "--breaker-failure-threshold", "0", "--router-backend", "python", "--kv-overlap-weight", "3"]});
+        let c = convert_deployment(earlier(
+            json!({"router": router, "w": worker("mixed", 1, json!({}))}),
+        ));
+        assert!(errors(&c).is_empty(), "{:?}", c.findings);
+        let gateway = &c.documents[0]["spec"]["gateway"];
+        assert_eq!(
+            gateway["podTemplate"]["spec"]["containers"],
+            json!([{"name": "gateway", "env": [{"name": "INFERA_ROUTER_MODE", "value": "direct"}, {"name": "INFERA_REQUEST_MAX_RETRIES", "value": "2"}]}])
+        );
+        assert_eq!(
+            (
+                gateway["kvOverlapWeight"].clone(),
+                gateway["kvPrefillOverlapWeight"].clone()
+            ),
+            (json!(3.0), json!(3.0))
+        );
+        let warned: Vec<&str> = c
+            .findings
+            .0
+            .iter()
+            .filter(|f| f.severity == Severity::Warning)
+            .map(|f| f.message.as_str())
+            .collect();
+        assert!(
+            warned[0].starts_with("--breaker-failure-threshold 0"),
+            "{warned:?}"
+        );
+        assert!(
+            warned[1].starts_with("--router-backend python: no field"),
+            "{warned:?}"
+        );
+    }
 }

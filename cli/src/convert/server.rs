@@ -24,6 +24,8 @@ pub struct Server {
     pub nats_server: Option<String>,
     /// `--etcd-prefix`.
     pub etcd_prefix: Option<String>,
+    /// Router flags the gateway reads from its env (no `spec.gateway` field).
+    pub env: Vec<Value>,
 }
 
 /// Reads router service `name` (its `componentType` already taken).
@@ -203,6 +205,7 @@ pub fn read_server(mut svc: Fields, findings: &mut Findings) -> Server {
     if pod.is_none() && !labels.is_empty() {
         pod = Some(json!({"metadata": {"labels": labels}}));
     }
+    env.append(&mut s.env);
     if !env.is_empty() {
         let p = pod.get_or_insert_with(|| json!({}));
         merge_container_env(p, "gateway", env);
@@ -227,6 +230,18 @@ pub fn merge_container_env(template: &mut Value, name: &str, env: Vec<Value>) {
         None => template["spec"]["containers"] = json!([{"name": name, "env": env}]),
     }
 }
+
+/// Router flags this gateway reads from its env too.
+const GATEWAY_ENV: &[(&str, &str)] = &[
+    ("--router-mode", "INFERA_ROUTER_MODE"),
+    ("--request-max-retries", "INFERA_REQUEST_MAX_RETRIES"),
+    (
+        "--breaker-failure-threshold",
+        "INFERA_BREAKER_FAILURE_THRESHOLD",
+    ),
+    ("--breaker-cooldown-s", "INFERA_BREAKER_COOLDOWN_S"),
+    ("--breaker-max-cooldown-s", "INFERA_BREAKER_MAX_COOLDOWN_S"),
+];
 
 fn read_server_flag(
     flag: &super::command::Flag,
@@ -261,6 +276,15 @@ fn read_server_flag(
         "--request-transport" => {
             if value.as_deref() != Some("http") {
                 findings.note(path, "--request-transport nats: the gateway reaches workers over HTTP (the NATS request plane is not built here)");
+            }
+        }
+        name if GATEWAY_ENV.iter().any(|(f, _)| *f == name) && value.is_some() => {
+            let var = GATEWAY_ENV.iter().find(|(f, _)| *f == name).map_or("", |(_, v)| *v);
+            if name == "--breaker-failure-threshold" && value.as_deref() == Some("0") {
+                findings.warn(path, "--breaker-failure-threshold 0 (the earlier router's way to turn the breaker off) is refused by the gateway; dropped, the breaker stays on");
+            } else {
+                findings.note(path, format!("{}: no field of spec.gateway; carried as the gateway container's {var}", flag.words.join(" ")));
+                s.env.push(json!({"name": var, "value": value}));
             }
         }
         _ => findings.warn(
