@@ -771,6 +771,8 @@ mod tests {
                 r#"{"kv_connector":"MoRIIOConnector"}"#.to_owned(),
                 "--max-num-seqs".to_owned(),
                 "$SEQS".to_owned(),
+                "--lora-modules".to_owned(),
+                "/models/lora".to_owned(),
             ]);
             worker(
                 role,
@@ -810,7 +812,14 @@ mod tests {
         // the model folder move to where the operator mounts it.
         assert_eq!(
             spec["engine"]["args"],
-            json!(["--max-num-seqs", "$SEQS", "--tokenizer", "/model-store/tok"])
+            json!([
+                "--max-num-seqs",
+                "$SEQS",
+                "--lora-modules",
+                "/models/lora",
+                "--tokenizer",
+                "/model-store/tok"
+            ])
         );
         assert_eq!(
             topology["spec"]["prefill"]["args"],
@@ -825,6 +834,14 @@ mod tests {
             c.findings.0.iter().any(|f| f.severity == Severity::Warning
                 && f.message
                     .starts_with("--max-num-seqs $SEQS: a shell variable")),
+            "{:?}",
+            c.findings
+        );
+        assert!(
+            c.findings.0.iter().any(|f| f.severity == Severity::Warning
+                && f.message.starts_with(
+                    "/models/lora: on the model's volume (/models) but outside the model folder"
+                )),
             "{:?}",
             c.findings
         );

@@ -223,12 +223,26 @@ impl Build {
         }
         if model_path.starts_with('/') {
             let mount = infera_operator::render::engine::MODEL_MOUNT;
+            // Where the earlier pod mounted the model's volume: the operator mounts only
+            // the model folder, so other paths on that volume do not exist in its pods.
+            let volume_mount = w
+                .pod
+                .as_ref()
+                .and_then(|p| p.mount_holding(model_path))
+                .and_then(|m| m.get("mountPath"))
+                .and_then(Value::as_str)
+                .map(|p| p.trim_end_matches('/').to_owned());
             for word in args.iter_mut().flatten() {
                 if let Some(rest) = word
                     .strip_prefix(model_path)
                     .filter(|r| r.is_empty() || r.starts_with('/'))
                 {
                     *word = format!("{mount}{rest}");
+                } else if let Some(v) = volume_mount
+                    .as_deref()
+                    .filter(|v| word.starts_with(&format!("{v}/")))
+                {
+                    self.f.warn(&w.flags_path, format!("{word}: on the model's volume ({v}) but outside the model folder, which is all the operator mounts: mount it through spec.engine.podTemplate, or move it into the model folder"));
                 }
             }
         }
