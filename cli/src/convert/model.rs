@@ -3,6 +3,7 @@
 //! where the operator mounts the model), and what is left of its pod as a pod template.
 
 use super::deployment::Build;
+use super::pod::mount_path;
 use super::wiring::rewrite_selectors;
 use super::worker::Worker;
 use serde_json::{Map, Value, json};
@@ -117,47 +118,20 @@ impl Build {
             self.f.note(&w.flags_path, format!("the operator downloads {path} once into a PVC the workers share (spec.model.source.huggingFace.cacheSize, default 500Gi) instead of each engine downloading it"));
             return json!({"huggingFace": hf});
         }
-        let Some(mount) = w.pod.as_ref().and_then(|p| p.mount_holding(path)) else {
+        let Some(place) = w.pod.as_ref().and_then(|p| p.locate(&p.mounts, path)) else {
             self.f.error(&w.flags_path, format!("model {path} is on no volume of the pod: put the weights on a PVC or a host directory (spec.model.source)"));
             return Value::Null;
         };
-        let mount_path = mount
-            .get("mountPath")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .trim_end_matches('/');
-        let sub = mount
-            .get("subPath")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let rest = path[mount_path.len()..].trim_start_matches('/');
-        let inner: Vec<&str> = [sub, rest].into_iter().filter(|s| !s.is_empty()).collect();
-        let inner = inner.join("/");
-        let name = mount
-            .get("name")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let volume = w
-            .pod
-            .as_ref()
-            .and_then(|p| p.volume(name))
-            .cloned()
-            .unwrap_or(Value::Null);
-        if let Some(host) = volume.pointer("/hostPath/path").and_then(Value::as_str) {
-            let full = if inner.is_empty() {
-                host.to_owned()
-            } else {
-                format!("{}/{inner}", host.trim_end_matches('/'))
-            };
+        if let Some(full) = place.host_path() {
             json!({"hostPath": {"path": full}})
-        } else if let Some(claim) = volume.pointer("/persistentVolumeClaim/claimName") {
+        } else if let Some(claim) = place.volume.pointer("/persistentVolumeClaim/claimName") {
             let mut pvc = json!({"claimName": claim});
-            if !inner.is_empty() {
-                pvc["subPath"] = json!(inner);
+            if !place.inner.is_empty() {
+                pvc["subPath"] = json!(place.inner);
             }
             json!({"pvc": pvc})
         } else {
-            self.f.error(format!("{}.volumes", w.path), format!("model volume {name:?} is neither a hostPath nor a persistentVolumeClaim: wrap it in a PVC (spec.model.source.pvc)"));
+            self.f.error(format!("{}.volumes", w.path), format!("model volume {:?} is neither a hostPath nor a persistentVolumeClaim: wrap it in a PVC (spec.model.source.pvc)", place.name));
             Value::Null
         }
     }
@@ -169,13 +143,11 @@ impl Build {
         let Some(mut parts) = w.pod.clone() else {
             return (!labels.is_empty()).then(|| json!({"metadata": {"labels": labels}}));
         };
-        if let Some(mount_path) = parts
+        if let Some(at) = parts
             .mount_holding(model_path)
-            .and_then(|m| m.get("mountPath"))
-            .and_then(Value::as_str)
-            .map(str::to_owned)
+            .map(|m| mount_path(m).to_owned())
         {
-            parts.take_mount_at(&mount_path);
+            parts.take_mount_at(&at);
         }
         if let Some(kvd) = &w.kvd {
             let names: Vec<String> = kvd
@@ -229,9 +201,7 @@ impl Build {
                 .pod
                 .as_ref()
                 .and_then(|p| p.mount_holding(model_path))
-                .and_then(|m| m.get("mountPath"))
-                .and_then(Value::as_str)
-                .map(|p| p.trim_end_matches('/').to_owned());
+                .map(|m| mount_path(m).to_owned());
             for word in args.iter_mut().flatten() {
                 if let Some(rest) = word
                     .strip_prefix(model_path)

@@ -282,6 +282,53 @@ fn take_main(at: &str, container: Value, parts: &mut PodParts, findings: &mut Fi
     parts.main_rest = c;
 }
 
+/// A path located on a pod's volume.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Located {
+    /// The volume's name.
+    pub name: String,
+    /// The volume.
+    pub volume: Value,
+    /// The path inside the volume (the mount's `subPath`, then the rest); empty for its root.
+    pub inner: String,
+}
+
+impl Located {
+    /// The path on the node, for a `hostPath` volume.
+    pub fn host_path(&self) -> Option<String> {
+        let host = self
+            .volume
+            .pointer("/hostPath/path")
+            .and_then(Value::as_str)?;
+        Some(if self.inner.is_empty() {
+            host.to_owned()
+        } else {
+            format!("{}/{}", host.trim_end_matches('/'), self.inner)
+        })
+    }
+}
+
+/// A string field of a manifest object, empty when absent.
+pub fn str_field<'a>(v: &'a Value, key: &str) -> &'a str {
+    v.get(key).and_then(Value::as_str).unwrap_or_default()
+}
+
+/// A mount's path, without a trailing slash.
+pub fn mount_path(mount: &Value) -> &str {
+    str_field(mount, "mountPath").trim_end_matches('/')
+}
+
+/// Of `mounts`, the one whose path holds `path` (the longest).
+pub fn mount_holding<'a>(mounts: &'a [Value], path: &str) -> Option<&'a Value> {
+    mounts
+        .iter()
+        .filter(|m| {
+            let p = mount_path(m);
+            !p.is_empty() && (path == p || path.starts_with(&format!("{p}/")))
+        })
+        .max_by_key(|m| mount_path(m).len())
+}
+
 impl PodParts {
     /// The volume named `name`.
     pub fn volume(&self, name: &str) -> Option<&Value> {
@@ -290,40 +337,38 @@ impl PodParts {
             .find(|v| v.get("name").and_then(Value::as_str) == Some(name))
     }
 
-    /// Takes the main container's mount at `mount_path`, with its volume.
-    pub fn take_mount_at(&mut self, mount_path: &str) -> Option<(Value, Value)> {
-        let i = self.mounts.iter().position(|m| {
-            m.get("mountPath")
-                .and_then(Value::as_str)
-                .map(|p| p.trim_end_matches('/'))
-                == Some(mount_path.trim_end_matches('/'))
-        })?;
+    /// Takes the main container's mount at `mount_path`; returns its volume.
+    pub fn take_mount_at(&mut self, mount_path: &str) -> Option<Value> {
+        let i = self
+            .mounts
+            .iter()
+            .position(|m| self::mount_path(m) == mount_path.trim_end_matches('/'))?;
         let mount = self.mounts.remove(i);
-        let name = mount
-            .get("name")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
+        let name = str_field(&mount, "name");
         self.taken.push(name.to_owned());
-        let volume = self.volume(name).cloned().unwrap_or(Value::Null);
-        Some((mount, volume))
+        Some(self.volume(name).cloned().unwrap_or(Value::Null))
     }
 
     /// The main container's mount whose path holds `path` (the longest), without
     /// taking it.
     pub fn mount_holding(&self, path: &str) -> Option<&Value> {
-        self.mounts
-            .iter()
-            .filter(|m| {
-                m.get("mountPath").and_then(Value::as_str).is_some_and(|p| {
-                    let p = p.trim_end_matches('/');
-                    path == p || path.starts_with(&format!("{p}/"))
-                })
-            })
-            .max_by_key(|m| {
-                m.get("mountPath")
-                    .and_then(Value::as_str)
-                    .map_or(0, str::len)
-            })
+        mount_holding(&self.mounts, path)
+    }
+
+    /// Where `path`, as a container with `mounts` sees it, lies on this pod's volumes.
+    pub fn locate(&self, mounts: &[Value], path: &str) -> Option<Located> {
+        let mount = mount_holding(mounts, path)?;
+        let rest = path[mount_path(mount).len()..].trim_start_matches('/');
+        let inner: Vec<&str> = [str_field(mount, "subPath"), rest]
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect();
+        let name = str_field(mount, "name");
+        Some(Located {
+            name: name.to_owned(),
+            volume: self.volume(name).cloned().unwrap_or(Value::Null),
+            inner: inner.join("/"),
+        })
     }
 
     /// Takes the main container's mounts of volumes that are not needed any more
@@ -342,11 +387,7 @@ impl PodParts {
     pub fn overlay_volumes(&self) -> Vec<String> {
         self.mounts
             .iter()
-            .filter(|m| {
-                m.get("mountPath")
-                    .and_then(Value::as_str)
-                    .is_some_and(|p| p.trim_end_matches('/') == "/overlay")
-            })
+            .filter(|m| mount_path(m) == "/overlay")
             .filter_map(|m| m.get("name").and_then(Value::as_str).map(str::to_owned))
             .collect()
     }

@@ -234,28 +234,13 @@ impl Build {
         }
         if let Some(dir) = value("--long-path") {
             let size = value("--long-bytes").and_then(|b| b.parse::<u64>().ok());
-            let mount = c
-                .mounts
-                .iter()
-                .filter(|m| {
-                    m.get("mountPath")
-                        .and_then(Value::as_str)
-                        .is_some_and(|p| dir.starts_with(p.trim_end_matches('/')))
-                })
-                .max_by_key(|m| {
-                    m.get("mountPath")
-                        .and_then(Value::as_str)
-                        .map_or(0, str::len)
-                });
-            let volume = mount.and_then(|m| m.get("name")).and_then(|n| {
-                w.pod
-                    .as_ref()
-                    .and_then(|p| p.volume(n.as_str().unwrap_or_default()))
-            });
-            match (volume.and_then(|v| v.pointer("/hostPath/path")).and_then(Value::as_str), mount, size) {
-                (Some(host), Some(m), Some(size)) => {
-                    let rest = dir[m["mountPath"].as_str().unwrap_or_default().trim_end_matches('/').len()..].trim_start_matches('/');
-                    let path = if rest.is_empty() { host.to_owned() } else { format!("{}/{rest}", host.trim_end_matches('/')) };
+            let host = w
+                .pod
+                .as_ref()
+                .and_then(|p| p.locate(&c.mounts, &dir))
+                .and_then(|place| place.host_path());
+            match (host, size) {
+                (Some(path), Some(size)) => {
                     kv["nvme"] = json!({"path": path, "size": bytes_quantity(size)});
                 }
                 _ => self.f.warn(&c.path, format!("--long-path {dir}: kvd's NVMe tier is a host directory here (spec.kvCache.nvme.path, under the operator's allowed paths), not a PVC; dropped")),

@@ -159,14 +159,13 @@ pub fn read_worker(
                 std::mem::take(&mut parts.resources),
                 &format!("{}.resources", parts.main_path),
             );
-            if let Some((mount, volume)) = parts.take_mount_at("/dev/shm") {
+            if let Some(volume) = parts.take_mount_at("/dev/shm") {
                 w.shm = volume.pointer("/emptyDir/sizeLimit").map(|q| match q {
                     Value::String(s) => s.clone(),
                     other => other.to_string(),
                 });
-                let _ = mount;
             }
-            if let Some((_, volume)) = parts.take_mount_at("/dev/infiniband") {
+            if let Some(volume) = parts.take_mount_at("/dev/infiniband") {
                 w.host_devices = volume.get("hostPath").is_some();
             }
             let overlay = parts.overlay_volumes();
