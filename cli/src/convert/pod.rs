@@ -6,7 +6,9 @@
 //! /dev/infiniband, kvd's socket), and everything left becomes a pod template that the
 //! operator merges onto its own pods.
 
+use super::fields::Fields;
 use super::findings::Findings;
+use infera_proto::discovery::DEPLOYMENT_LABEL;
 use serde_json::{Map, Value, json};
 
 /// Env the earlier operator or overlay set and this operator sets (or no longer needs).
@@ -306,6 +308,51 @@ impl Located {
             format!("{}/{}", host.trim_end_matches('/'), self.inner)
         })
     }
+}
+
+/// A service's `podLabels`, without the labels the operator sets on its pods
+/// (`app.kubernetes.io/*`, `infera.amd.com/deployment`, and `own`), which are reported.
+pub fn take_pod_labels(
+    svc: &mut Fields,
+    own: &[&str],
+    findings: &mut Findings,
+) -> Map<String, Value> {
+    let mut labels = Map::new();
+    let path = svc.at("podLabels");
+    for (key, value) in svc
+        .take("podLabels")
+        .and_then(|v| v.as_object().cloned())
+        .unwrap_or_default()
+    {
+        if key.starts_with("app.kubernetes.io/")
+            || key == DEPLOYMENT_LABEL
+            || own.contains(&key.as_str())
+        {
+            findings.warn(
+                format!("{path}.{key}"),
+                "a label the operator sets on its pods; dropped",
+            );
+        } else {
+            labels.insert(key, value);
+        }
+    }
+    labels
+}
+
+/// A flat service's `resources.cpu` and `.memory` as container requests (empty if
+/// neither is set).
+pub fn take_cpu_memory(r: &mut Fields, findings: &mut Findings) -> Map<String, Value> {
+    let mut requests = Map::new();
+    for key in ["cpu", "memory"] {
+        if let Some(q) = r.take_str(key, findings) {
+            requests.insert(key.into(), json!(q));
+        }
+    }
+    let mut resources = Map::new();
+    if !requests.is_empty() {
+        resources.insert("requests".into(), Value::Object(requests));
+    }
+    resources
 }
 
 /// A string field of a manifest object, empty when absent.

@@ -5,7 +5,7 @@
 use super::command::{Program, parse_invocation};
 use super::fields::Fields;
 use super::findings::Findings;
-use super::pod::{OPERATOR_ENV, take_apart};
+use super::pod::{OPERATOR_ENV, take_apart, take_cpu_memory, take_pod_labels};
 use serde_json::{Map, Value, json};
 
 /// The earlier router's port.
@@ -57,21 +57,7 @@ pub fn read_server(mut svc: Fields, findings: &mut Findings) -> Server {
         findings.note(svc.at("image"), "the gateway runs the Infera image (spec.gateway.image names a mirror of it); the earlier router image is not used");
     }
     let mut port = svc.take_int("port", findings);
-    let mut labels = Map::new();
-    for (key, value) in svc
-        .take("podLabels")
-        .and_then(|v| v.as_object().cloned())
-        .unwrap_or_default()
-    {
-        if key.starts_with("app.kubernetes.io/") || key.starts_with("infera.amd.com/deployment") {
-            findings.warn(
-                format!("{}.{key}", svc.at("podLabels")),
-                "a label the operator sets on its pods; dropped",
-            );
-        } else {
-            labels.insert(key, value);
-        }
-    }
+    let labels = take_pod_labels(&mut svc, &[], findings);
     let mut env: Vec<Value> = svc.take_list("env", findings);
     let mut words = [
         vec!["python3".into(), "-m".into(), "infera.server".into()],
@@ -81,15 +67,7 @@ pub fn read_server(mut svc: Fields, findings: &mut Findings) -> Server {
     let mut words_path = svc.at("args");
     let mut resources = Map::new();
     if let Some(mut r) = svc.take_fields("resources", findings) {
-        let mut requests = Map::new();
-        for key in ["cpu", "memory"] {
-            if let Some(q) = r.take_str(key, findings) {
-                requests.insert(key.into(), json!(q));
-            }
-        }
-        if !requests.is_empty() {
-            resources.insert("requests".into(), Value::Object(requests));
-        }
+        resources = take_cpu_memory(&mut r, findings);
         r.report_rest(
             findings,
             "a gateway needs no GPUs or shared memory; dropped",
@@ -147,8 +125,6 @@ pub fn read_server(mut svc: Fields, findings: &mut Findings) -> Server {
                 .collect();
             parts.drop_mounts_of(&names);
         }
-        parts.capabilities.clear();
-        parts.privileged = false;
         template = Some(parts);
     }
     svc.report_rest(findings, "not a field of the earlier schema; dropped");
@@ -278,18 +254,19 @@ fn read_server_flag(
                 findings.note(path, "--request-transport nats: the gateway reaches workers over HTTP (the NATS request plane is not built here)");
             }
         }
-        name if GATEWAY_ENV.iter().any(|(f, _)| *f == name) && value.is_some() => {
-            let var = GATEWAY_ENV.iter().find(|(f, _)| *f == name).map_or("", |(_, v)| *v);
-            if name == "--breaker-failure-threshold" && value.as_deref() == Some("0") {
-                findings.warn(path, "--breaker-failure-threshold 0 (the earlier router's way to turn the breaker off) is refused by the gateway; dropped, the breaker stays on");
-            } else {
-                findings.note(path, format!("{}: no field of spec.gateway; carried as the gateway container's {var}", flag.words.join(" ")));
-                s.env.push(json!({"name": var, "value": value}));
+        name => match GATEWAY_ENV.iter().find(|(f, _)| *f == name) {
+            Some((_, var)) if value.is_some() => {
+                if name == "--breaker-failure-threshold" && value.as_deref() == Some("0") {
+                    findings.warn(path, "--breaker-failure-threshold 0 (the earlier router's way to turn the breaker off) is refused by the gateway; dropped, the breaker stays on");
+                } else {
+                    findings.note(path, format!("{}: no field of spec.gateway; carried as the gateway container's {var}", flag.words.join(" ")));
+                    s.env.push(json!({"name": var, "value": value}));
+                }
             }
-        }
-        _ => findings.warn(
-            path,
-            format!("{}: no field of spec.gateway holds it (the operator renders the gateway's flags); dropped", flag.words.join(" ")),
-        ),
+            _ => findings.warn(
+                path,
+                format!("{}: no field of spec.gateway holds it (the operator renders the gateway's flags); dropped", flag.words.join(" ")),
+            ),
+        },
     }
 }

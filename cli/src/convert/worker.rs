@@ -6,7 +6,8 @@ use super::command::{Program, parse_invocation};
 use super::engine_flags::{EngineFlags, read_engine_flags};
 use super::fields::Fields;
 use super::findings::Findings;
-use super::pod::{OPERATOR_ENV, PodParts, take_apart};
+use super::pod::{OPERATOR_ENV, PodParts, take_apart, take_cpu_memory, take_pod_labels};
+use infera_proto::discovery::ROLE_LABEL;
 use serde_json::{Map, Value, json};
 
 /// The earlier defaults for a service.
@@ -108,23 +109,7 @@ pub fn read_worker(
     {
         findings.warn(svc.at("port"), format!("engines listen on the operator's port (8000); {port} is not kept (the gateway finds workers by their registration)"));
     }
-    for (key, value) in svc
-        .take("podLabels")
-        .and_then(|v| v.as_object().cloned())
-        .unwrap_or_default()
-    {
-        if key.starts_with("app.kubernetes.io/")
-            || key == "infera.amd.com/deployment"
-            || key == "infera.amd.com/role"
-        {
-            findings.warn(
-                format!("{}.{key}", svc.at("podLabels")),
-                "a label the operator sets on its pods; dropped",
-            );
-        } else {
-            w.labels.insert(key, value);
-        }
-    }
+    w.labels = take_pod_labels(&mut svc, &[ROLE_LABEL], findings);
     let flat_image = svc.take_str("image", findings);
     let flat_args = svc.take_strings("args", findings);
     let flat_env = svc.take_list("env", findings);
@@ -154,11 +139,7 @@ pub fn read_worker(
             w.host_network = parts.host_network;
             w.scheduling = std::mem::take(&mut parts.scheduling);
             w.kvd = parts.kvd.take();
-            read_container_resources(
-                &mut w,
-                std::mem::take(&mut parts.resources),
-                &format!("{}.resources", parts.main_path),
-            );
+            read_container_resources(&mut w, std::mem::take(&mut parts.resources));
             if let Some(volume) = parts.take_mount_at("/dev/shm") {
                 w.shm = volume.pointer("/emptyDir/sizeLimit").map(|q| match q {
                     Value::String(s) => s.clone(),
@@ -205,16 +186,7 @@ pub fn read_worker(
                 if gpu > 0 {
                     w.gpus = Some((gpu, gpu_type));
                 }
-                let mut requests = Map::new();
-                for key in ["cpu", "memory"] {
-                    if let Some(q) = r.take_str(key, findings) {
-                        requests.insert(key.into(), json!(q));
-                    }
-                }
-                if !requests.is_empty() {
-                    w.resources
-                        .insert("requests".into(), Value::Object(requests));
-                }
+                w.resources = take_cpu_memory(&mut r, findings);
                 w.shm = r.take_str("sharedMemory", findings);
                 r.report_rest(findings, "not a field of the earlier schema; dropped");
             }
@@ -280,19 +252,17 @@ fn read_env(w: &mut Worker, env: Vec<Value>, path: &str, findings: &mut Findings
                 "read from a ConfigMap or Secret, which the converter cannot see: set the field it stands for by hand; dropped",
             );
         }
-        let literal = || value.clone();
         match name.as_str() {
             "INFERA_DRAIN_TIMEOUT" => {
-                w.drain_seconds = literal()
+                w.drain_seconds = value
                     .and_then(|v| v.parse::<f64>().ok())
                     .filter(|s| s.is_finite() && *s >= 0.0)
                     .map(|s| s.ceil() as i64);
             }
-            "NATS_SERVER" => w.nats_env = literal(),
-            "INFERA_DEFAULT_KV_FP8" => w.default_kv_fp8 = literal().as_deref() != Some("0"),
+            "NATS_SERVER" => w.nats_env = value,
+            "INFERA_DEFAULT_KV_FP8" => w.default_kv_fp8 = value.as_deref() != Some("0"),
             "VLLM_MORIIO_CONNECTOR_READ_MODE" => {
-                w.mori_read_env =
-                    literal().is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
+                w.mori_read_env = value.is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
             }
             n if OPERATOR_ENV.contains(&n) => {}
             _ => w.env.push(e),
@@ -318,7 +288,7 @@ fn restore_security(parts: &mut PodParts) {
 }
 
 /// The main container's `resources`: GPUs and RDMA devices are counted; the rest stays.
-fn read_container_resources(w: &mut Worker, resources: Map<String, Value>, path: &str) {
+fn read_container_resources(w: &mut Worker, resources: Map<String, Value>) {
     let mut kept = Map::new();
     for (section, list) in resources {
         let Value::Object(list) = list else {
@@ -335,7 +305,7 @@ fn read_container_resources(w: &mut Worker, resources: Map<String, Value>, path:
                 if let Some(n) = count {
                     w.gpus = Some((n, name.clone()));
                 }
-            } else if name.starts_with("rdma/") || name.contains("rdma") || name.ends_with("/hca") {
+            } else if name.contains("rdma") || name.ends_with("/hca") {
                 if let Some(n) = count {
                     w.rdma_resource = Some((name.clone(), n));
                 }
@@ -347,6 +317,5 @@ fn read_container_resources(w: &mut Worker, resources: Map<String, Value>, path:
             kept.insert(section, Value::Object(rest));
         }
     }
-    let _ = path;
     w.resources = kept;
 }
