@@ -1,7 +1,15 @@
 //! Anthropic Messages (`/v1/messages`) translated to OpenAI chat for the engines and
-//! back (pure): requests, whole responses, and SSE streams, tools included.
+//! back: requests, whole responses, and SSE streams, tools included. The translation is
+//! pure; [`answer`] applies it to a forwarded worker response (read whole, or relayed
+//! and re-framed event by event).
 
+use crate::forward::{Forwarded, Upstream};
+use crate::metrics::Outcome;
+use crate::relay::relay_body;
 use crate::validate::MAX_TOKENS_LIMIT;
+use axum::body::Body;
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use infera_proto::error_class::{ApiError, ErrorClass};
@@ -478,12 +486,13 @@ impl StreamTranslator {
                 return None;
             }
             loop {
-                if let Some(event) = take_event(&mut buf) {
-                    let out = tr.on_event(&event);
-                    if !out.is_empty() {
-                        return Some((Ok(Bytes::from(out)), (up, tr, buf, false)));
-                    }
-                    continue;
+                // Every whole event that arrived goes out in one write.
+                let mut out = String::new();
+                while let Some(event) = take_event(&mut buf) {
+                    out.push_str(&tr.on_event(&event));
+                }
+                if !out.is_empty() {
+                    return Some((Ok(Bytes::from(out)), (up, tr, buf, false)));
                 }
                 match up.next().await {
                     Some(Ok(chunk)) => buf.extend_from_slice(&chunk),
@@ -501,6 +510,58 @@ impl StreamTranslator {
             }
         })
     }
+}
+
+/// The Messages answer to a forwarded chat completion: the worker's error as an error,
+/// a whole response translated, or (`stream` in the request) its SSE stream re-framed.
+pub async fn answer(
+    forwarded: Forwarded,
+    upstream: &Upstream,
+    model: &str,
+    request_id: &str,
+    stream: bool,
+) -> Result<Response, ApiError> {
+    let status = forwarded.response.status();
+    if !status.is_success() {
+        let text = forwarded.response.text().await.unwrap_or_default();
+        let class = if status.is_client_error() {
+            ErrorClass::BadRequest
+        } else {
+            ErrorClass::BadGateway
+        };
+        return Err(ApiError::new(
+            class,
+            format!("worker answered {status}: {text}"),
+        ));
+    }
+    if !stream {
+        let Forwarded {
+            response,
+            mut guard,
+            ..
+        } = forwarded;
+        let parsed = match response.bytes().await {
+            Ok(b) => serde_json::from_slice::<Value>(&b).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let chat = parsed.map_err(|e| {
+            guard.outcome = Outcome::UpstreamError;
+            ApiError::new(
+                ErrorClass::BadGateway,
+                format!("worker response is not JSON: {e}"),
+            )
+        })?;
+        guard.outcome = Outcome::Ok;
+        return Ok(axum::Json(build_message_response(&chat, model)).into_response());
+    }
+    let relayed = relay_body(forwarded, upstream, true);
+    let translated = StreamTranslator::new(model, request_id).translate(relayed);
+    let mut resp = Response::new(Body::from_stream(translated));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    Ok(resp)
 }
 
 #[cfg(test)]

@@ -2,19 +2,16 @@
 //! translated, and the gateway's own `/v1/models`, `/v1/workers`, `/health`, `/ready`,
 //! `/metrics`. Errors are rendered here and only here, from [`ApiError`].
 
-use crate::anthropic::{StreamTranslator, build_chat_request, build_message_response};
+use crate::anthropic::{self, build_chat_request};
 use crate::config::RouterMode;
-use crate::dispatch::{DispatchContext, dispatch};
+use crate::forward::{Forwarded, Outbound, Upstream, forward};
 use crate::gateway::Gateway;
 use crate::json_limits::{JsonLimits, check_json_limits};
-use crate::kv_router::{RequestBlocks, block_size_of, has_multimodal_content};
 use crate::metrics::{KvGauges, Outcome};
 use crate::offload::off_workers;
-use crate::pd::connectors::{PdError, PdIds, PdPair, resolve_protocol};
-use crate::pd::dispatch::send_pair;
-use crate::registry::{Snapshot, Target};
-use crate::relay::{Abort, RequestGuard, relay_body};
-use crate::router::{Route, RouteError, build_attempt_candidates, pinned, route};
+use crate::relay::relay_body;
+use crate::router::{PREFILL_PIN_HEADER, Pins, WORKER_PIN_HEADER, plan};
+use crate::routing::RoutingInput;
 use crate::validate::{ApiKind, validate_request};
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -25,10 +22,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures::StreamExt;
 use infera_proto::error_class::{ApiError, ErrorClass};
-use infera_proto::retention::{Retention, overlap_weight_factor, parse_retention_hint};
-use infera_proto::worker::{DisaggMode, WorkerRecord, WorkerStatus};
+use infera_proto::retention::{Retention, parse_retention_hint};
+use infera_proto::worker::{WorkerRecord, WorkerStatus};
 use serde_json::{Map, Value, json};
-use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -335,62 +331,29 @@ async fn openai(gw: Shared, kind: ApiKind, headers: HeaderMap, body: Body) -> Re
             return error_response(&e, Shape::OpenAi, &rid);
         }
     };
-    match forward(&gw, &headers, &body, &info.model, input, &rid, started).await {
-        Ok(fwd) => {
-            let sse = is_sse(&fwd.response);
-            let status = fwd.response.status();
-            let content_type = fwd.response.headers().get(header::CONTENT_TYPE).cloned();
-            let stream = relay_body(
-                fwd.response,
-                fwd.guard,
-                gw.breakers.clone(),
-                fwd.worker,
-                sse,
-                Duration::from_secs_f64(gw.cfg.stream_idle_timeout_s),
-                fwd.abort,
-            );
-            let mut resp = Response::new(Body::from_stream(stream));
-            *resp.status_mut() =
-                StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-            if let Some(ct) = content_type {
-                resp.headers_mut().insert(header::CONTENT_TYPE, ct);
-            }
-            with_request_id(resp, &rid)
-        }
+    match route_and_forward(&gw, &headers, &body, &info.model, input, &rid, started).await {
+        Ok(forwarded) => relay_response(forwarded, &gw.upstream, &rid),
         Err(e) => error_response(&e, Shape::OpenAi, &rid),
     }
 }
 
-fn is_sse(resp: &reqwest::Response) -> bool {
-    resp.headers()
-        .get(header::CONTENT_TYPE)
+/// The worker's answer relayed as it arrives, with its status and content type.
+fn relay_response(forwarded: Forwarded, upstream: &Upstream, rid: &str) -> Response {
+    let headers = forwarded.response.headers();
+    let content_type = headers.get(header::CONTENT_TYPE).cloned();
+    let sse = content_type
+        .as_ref()
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.starts_with("text/event-stream"))
+        .is_some_and(|ct| ct.starts_with("text/event-stream"));
+    let status = StatusCode::from_u16(forwarded.response.status().as_u16())
+        .unwrap_or(StatusCode::BAD_GATEWAY);
+    let mut resp = Response::new(Body::from_stream(relay_body(forwarded, upstream, sse)));
+    *resp.status_mut() = status;
+    if let Some(ct) = content_type {
+        resp.headers_mut().insert(header::CONTENT_TYPE, ct);
+    }
+    with_request_id(resp, rid)
 }
-
-/// A worker's response on its way to the client, with the request's bookkeeping.
-struct Forwarded {
-    /// The response (body not yet read).
-    response: reqwest::Response,
-    /// The worker answering (the decode worker of a prefill/decode pair).
-    worker: String,
-    /// Owns metrics, in-flight counts and kv charges until the relay ends.
-    guard: RequestGuard,
-    /// Ends the relay early (a prefill leg failed).
-    abort: Option<Abort>,
-}
-
-/// Where a request goes once direct-mode pins are applied.
-enum Plan<'s> {
-    Mixed(Cow<'s, [Target]>),
-    Disagg(Cow<'s, [Target]>, Cow<'s, [Target]>),
-}
-
-/// Header naming the worker (mixed or decode) an external picker chose.
-pub const WORKER_PIN_HEADER: &str = "x-worker-instance-id";
-
-/// Header naming the prefill worker an external picker chose.
-pub const PREFILL_PIN_HEADER: &str = "x-prefill-instance-id";
 
 fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
     headers
@@ -400,90 +363,10 @@ fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
         .filter(|v| !v.is_empty())
 }
 
-/// The AutoRouter's decision, with direct mode's pins replacing the picks they name.
-fn plan<'s>(
+/// Plans the request on the registry's snapshot (direct mode honours the pins), then
+/// sends it down the forward path.
+async fn route_and_forward(
     gw: &Gateway,
-    snapshot: &'s Snapshot,
-    headers: &HeaderMap,
-    model: &str,
-) -> Result<Plan<'s>, RouteError> {
-    let direct = gw.cfg.router_mode == RouterMode::Direct;
-    let worker_pin = header_str(headers, WORKER_PIN_HEADER).filter(|_| direct);
-    let prefill_pin = header_str(headers, PREFILL_PIN_HEADER).filter(|_| direct);
-    if worker_pin.is_none() && prefill_pin.is_none() {
-        return Ok(match route(snapshot, model)? {
-            Route::Mixed(t) => Plan::Mixed(Cow::Borrowed(t)),
-            Route::Disagg { prefill, decode } => {
-                Plan::Disagg(Cow::Borrowed(prefill), Cow::Borrowed(decode))
-            }
-        });
-    }
-    let pool = |mode: DisaggMode| -> Result<Cow<'s, [Target]>, RouteError> {
-        let pools = snapshot.models.get(model);
-        let targets = pools.map_or(&[][..], |p| match mode {
-            DisaggMode::Prefill => &p.prefill,
-            _ => &p.decode,
-        });
-        if targets.is_empty() {
-            return Err(RouteError::MissingPool {
-                model: model.to_owned(),
-                missing: mode.as_str(),
-            });
-        }
-        Ok(Cow::Borrowed(targets))
-    };
-    let prefill = match prefill_pin {
-        Some(id) => Some(Cow::Owned(pinned(
-            snapshot,
-            PREFILL_PIN_HEADER,
-            id,
-            model,
-            &[DisaggMode::Prefill],
-        )?)),
-        None => None,
-    };
-    match worker_pin {
-        Some(id) => {
-            let modes: &[DisaggMode] = if prefill.is_some() {
-                &[DisaggMode::Decode]
-            } else {
-                &[DisaggMode::Mixed, DisaggMode::Decode]
-            };
-            let worker = pinned(snapshot, WORKER_PIN_HEADER, id, model, modes)?;
-            if worker[0].record.disagg_mode == DisaggMode::Mixed {
-                return Ok(Plan::Mixed(Cow::Owned(worker)));
-            }
-            let prefill = match prefill {
-                Some(p) => p,
-                None => pool(DisaggMode::Prefill)?,
-            };
-            Ok(Plan::Disagg(prefill, Cow::Owned(worker)))
-        }
-        None => Ok(Plan::Disagg(
-            prefill.unwrap_or_default(),
-            pool(DisaggMode::Decode)?,
-        )),
-    }
-}
-
-/// The kv-aware block hashes of a request, for the block sizes of `targets`.
-fn hash_blocks<'t>(
-    gw: &Gateway,
-    input: RouteInput,
-    body: &Map<String, Value>,
-    targets: impl Iterator<Item = &'t Target>,
-) -> Option<RequestBlocks> {
-    gw.kv.as_ref().map(|kv| {
-        let sizes = targets.filter_map(|t| block_size_of(&t.record)).collect();
-        off_workers(input.body_bytes, || {
-            kv.hash_request(input.kind, body, &sizes)
-        })
-    })
-}
-
-/// Routes and dispatches; on success the guard owns the request's bookkeeping.
-async fn forward(
-    gw: &Shared,
     headers: &HeaderMap,
     body: &Map<String, Value>,
     model: &str,
@@ -491,233 +374,37 @@ async fn forward(
     rid: &str,
     started: Instant,
 ) -> Result<Forwarded, ApiError> {
+    let pins = if gw.cfg.router_mode == RouterMode::Direct {
+        Pins {
+            worker: header_str(headers, WORKER_PIN_HEADER),
+            prefill: header_str(headers, PREFILL_PIN_HEADER),
+        }
+    } else {
+        Pins::default()
+    };
     let snapshot = gw.registry.snapshot();
-    let planned = plan(gw, &snapshot, headers, model).map_err(|e| {
+    let plan = plan(&snapshot, model, pins).map_err(|e| {
         gw.metrics
             .request_rejected("mixed", Outcome::NoWorker, started);
         e.to_api_error()
     })?;
-    match planned {
-        Plan::Mixed(candidates) => forward_mixed(gw, &candidates, body, input, rid, started).await,
-        Plan::Disagg(prefill, decode) => {
-            forward_pd(gw, &prefill, &decode, body, input, rid, started).await
-        }
-    }
-}
-
-/// The guard's outcome for a worker's status, until the body is relayed.
-fn outcome_for(status: reqwest::StatusCode) -> Outcome {
-    if status.is_server_error() {
-        Outcome::UpstreamError
-    } else if status.is_client_error() {
-        Outcome::ClientError
-    } else {
-        Outcome::Cancelled
-    }
-}
-
-/// The guard's outcome for an error answered instead of a worker's response.
-fn outcome_of_error(e: &ApiError) -> Outcome {
-    match e.class {
-        ErrorClass::GatewayTimeout => Outcome::Timeout,
-        ErrorClass::BadRequest | ErrorClass::RateLimited => Outcome::ClientError,
-        _ => Outcome::UpstreamError,
-    }
-}
-
-async fn forward_mixed(
-    gw: &Shared,
-    candidates: &[Target],
-    body: &Map<String, Value>,
-    input: RouteInput,
-    rid: &str,
-    started: Instant,
-) -> Result<Forwarded, ApiError> {
-    let mut guard = RequestGuard::new(gw.metrics.clone(), "mixed", started);
-    let ctx = DispatchContext {
-        client: &gw.client,
-        breakers: &gw.breakers,
-        metrics: &gw.metrics,
-        max_retries: gw.cfg.request_max_retries,
-        timeout: Duration::from_secs_f64(gw.cfg.request_timeout_s),
-        body_bytes: input.body_bytes,
-    };
-    let blocks = hash_blocks(gw, input, body, candidates.iter());
-    let multimodal = gw.kv.is_some() && has_multimodal_content(body);
-    let weight = gw.kv.as_ref().map_or(1.0, |kv| {
-        if multimodal {
-            0.0
-        } else {
-            kv.weight * overlap_weight_factor(input.hint)
-        }
-    });
-    // The kv charge is taken at the pick, not when the answer's headers arrive (for a
-    // non-streaming request that is the end), so concurrent requests see this load;
-    // a failover's new pick releases the previous charge.
-    let charge: std::sync::Mutex<Option<crate::kv_router::KvCharge>> = Default::default();
-    let choose = |options: &[&Target]| match (&gw.kv, &blocks) {
-        (Some(kv), Some(blocks)) => {
-            if multimodal {
-                gw.metrics.record_cache_locality_skipped("multimodal");
-            }
-            let index = kv.choose(options, blocks, weight)?;
-            let committed = kv.commit(options[index], blocks, "mixed");
-            if let Ok(mut c) = charge.lock() {
-                *c = committed;
-            }
-            Some(index)
-        }
-        _ => gw.policy.pick(options),
-    };
-    match dispatch(
-        &ctx,
-        &choose,
-        candidates,
-        input.kind.path(),
+    let routing = gw.routing.for_request(
+        RoutingInput {
+            kind: input.kind,
+            body,
+            body_bytes: input.body_bytes,
+            hint: input.hint,
+        },
+        plan.targets(),
+    );
+    let request = Outbound {
+        kind: input.kind,
         body,
-        input.retention,
-        rid,
-    )
-    .await
-    {
-        Ok(d) => {
-            if let Ok(mut c) = charge.lock() {
-                guard.kv_charges.extend(c.take());
-            }
-            let worker = d.target.record.worker_id.clone();
-            gw.inflight.acquire(&worker);
-            guard.inflight.push((gw.inflight.clone(), worker.clone()));
-            guard.outcome = outcome_for(d.response.status());
-            Ok(Forwarded {
-                response: d.response,
-                worker,
-                guard,
-                abort: None,
-            })
-        }
-        Err(e) => {
-            guard.outcome = outcome_of_error(&e);
-            Err(e)
-        }
-    }
-}
-
-/// The DisaggRouter: one prefill and one decode worker, each leg scored with its own
-/// kv-aware weight and filtered by its own breakers, then both legs sent.
-async fn forward_pd(
-    gw: &Shared,
-    prefill: &[Target],
-    decode: &[Target],
-    body: &Map<String, Value>,
-    input: RouteInput,
-    rid: &str,
-    started: Instant,
-) -> Result<Forwarded, ApiError> {
-    let mut guard = RequestGuard::new(gw.metrics.clone(), "disagg", started);
-    let blocks = hash_blocks(gw, input, body, prefill.iter().chain(decode));
-    let multimodal = gw.kv.is_some() && has_multimodal_content(body);
-    let factor = if multimodal {
-        0.0
-    } else {
-        overlap_weight_factor(input.hint)
-    };
-    let pick = |pool: &[Target], weight: f64| -> Option<Target> {
-        let now = Instant::now();
-        let options = build_attempt_candidates(pool, &[], |t| {
-            gw.breakers.is_available(&t.record.worker_id, now)
-        });
-        let index = match (&gw.kv, &blocks) {
-            (Some(kv), Some(blocks)) => {
-                if multimodal {
-                    gw.metrics.record_cache_locality_skipped("multimodal");
-                }
-                kv.choose(&options, blocks, weight * factor)
-            }
-            _ => gw.policy.pick(&options),
-        }?;
-        Some(options[index].clone())
-    };
-    let no_worker = |role: &str| {
-        ApiError::new(
-            ErrorClass::ServiceUnavailable,
-            format!("no {role} worker is available"),
-        )
-    };
-    let picked = pick(prefill, gw.cfg.kv_prefill_overlap_weight)
-        .ok_or_else(|| no_worker("prefill"))
-        .and_then(|p| {
-            // Decode workers that speak the prefill's protocol (a fleet mid-migration
-            // may hold several); with none, the pick below names the mismatch.
-            let compatible: Vec<Target> = decode
-                .iter()
-                .filter(|d| resolve_protocol(&p.record, &d.record).is_ok())
-                .cloned()
-                .collect();
-            let pool = if compatible.is_empty() {
-                decode
-            } else {
-                &compatible[..]
-            };
-            pick(pool, gw.cfg.kv_decode_overlap_weight)
-                .map(|d| (p, d))
-                .ok_or_else(|| no_worker("decode"))
-        })
-        .and_then(|(p, d)| {
-            let protocol = resolve_protocol(&p.record, &d.record)
-                .and_then(|protocol| {
-                    if protocol.completions_only() && input.kind == ApiKind::Chat {
-                        Err(PdError::CompletionsOnly { protocol })
-                    } else {
-                        Ok(protocol)
-                    }
-                })
-                .map_err(|e| {
-                    gw.metrics.record_pd_failure(e.reason());
-                    e.to_api_error()
-                })?;
-            Ok((p, d, protocol))
-        });
-    let (p, d, protocol) = match picked {
-        Ok(picked) => picked,
-        Err(e) => {
-            guard.outcome = outcome_of_error(&e);
-            return Err(e);
-        }
-    };
-    guard.pd_protocol = Some(protocol);
-    let now = Instant::now();
-    for (target, role) in [(&p, "prefill"), (&d, "decode")] {
-        let worker = &target.record.worker_id;
-        gw.breakers.try_acquire(worker, now);
-        gw.metrics.record_pick(role, worker);
-        if let (Some(kv), Some(blocks)) = (&gw.kv, &blocks) {
-            guard.kv_charges.extend(kv.commit(target, blocks, role));
-        }
-        gw.inflight.acquire(worker);
-        guard.inflight.push((gw.inflight.clone(), worker.clone()));
-    }
-    let pair = PdPair {
-        protocol,
-        prefill: &p,
-        decode: &d,
-        ids: PdIds::random(&p),
+        body_bytes: input.body_bytes,
         retention: input.retention,
+        request_id: rid,
     };
-    match send_pair(gw, &pair, input.kind.path(), body, input.body_bytes, rid).await {
-        Ok(opened) => {
-            guard.outcome = outcome_for(opened.response.status());
-            Ok(Forwarded {
-                response: opened.response,
-                worker: d.record.worker_id.clone(),
-                guard,
-                abort: opened.abort,
-            })
-        }
-        Err(e) => {
-            guard.outcome = outcome_of_error(&e);
-            Err(e)
-        }
-    }
+    forward(&gw.upstream, &plan, &routing, &request, started).await
 }
 
 async fn messages(State(gw): State<Shared>, headers: HeaderMap, body: Body) -> Response {
@@ -756,67 +443,15 @@ async fn messages(State(gw): State<Shared>, headers: HeaderMap, body: Body) -> R
         .unwrap_or_default()
         .to_owned();
     let stream = chat.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    let fwd = match forward(&gw, &headers, &chat, &model, input, &rid, started).await {
-        Ok(f) => f,
-        Err(e) => return error_response(&e, Shape::Anthropic, &rid),
+    let answered = match route_and_forward(&gw, &headers, &chat, &model, input, &rid, started).await
+    {
+        Ok(forwarded) => anthropic::answer(forwarded, &gw.upstream, &model, &rid, stream).await,
+        Err(e) => Err(e),
     };
-    let mut guard = fwd.guard;
-    let status = fwd.response.status();
-    if !status.is_success() {
-        let text = fwd.response.text().await.unwrap_or_default();
-        let class = if status.is_client_error() {
-            ErrorClass::BadRequest
-        } else {
-            ErrorClass::BadGateway
-        };
-        return error_response(
-            &ApiError::new(class, format!("worker answered {status}: {text}")),
-            Shape::Anthropic,
-            &rid,
-        );
+    match answered {
+        Ok(resp) => with_request_id(resp, &rid),
+        Err(e) => error_response(&e, Shape::Anthropic, &rid),
     }
-    if !stream {
-        let parsed = match fwd.response.bytes().await {
-            Ok(b) => serde_json::from_slice::<Value>(&b).map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        let chat_resp: Value = match parsed {
-            Ok(v) => v,
-            Err(e) => {
-                guard.outcome = Outcome::UpstreamError;
-                return error_response(
-                    &ApiError::new(
-                        ErrorClass::BadGateway,
-                        format!("worker response is not JSON: {e}"),
-                    ),
-                    Shape::Anthropic,
-                    &rid,
-                );
-            }
-        };
-        guard.outcome = Outcome::Ok;
-        drop(guard);
-        return with_request_id(
-            axum::Json(build_message_response(&chat_resp, &model)).into_response(),
-            &rid,
-        );
-    }
-    let upstream = relay_body(
-        fwd.response,
-        guard,
-        gw.breakers.clone(),
-        fwd.worker,
-        true,
-        Duration::from_secs_f64(gw.cfg.stream_idle_timeout_s),
-        fwd.abort,
-    );
-    let translated = StreamTranslator::new(&model, &rid).translate(upstream);
-    let mut resp = Response::new(Body::from_stream(translated));
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    with_request_id(resp, &rid)
 }
 
 async fn models(State(gw): State<Shared>) -> Response {

@@ -1,36 +1,21 @@
-//! Sending a routed request: pick a target, POST it, and fail over to another worker
-//! while no byte has come back (unreachable, 5xx). Breakers learn from every attempt.
-//! Timeouts answer 504 instead of waiting on a worker forever.
+//! Sending a request to one of a pool: pick a target with the role's selector, POST
+//! it, and fail over to another worker while no byte has come back (unreachable, 5xx).
+//! Breakers learn from every attempt. Timeouts answer 504 instead of waiting on a
+//! worker forever. The mixed path of [`crate::forward`] sends through here.
 
-use crate::breaker::Breakers;
+use crate::forward::{Outbound, Upstream};
 use crate::health_check::stall_error;
-use crate::metrics::Metrics;
+use crate::kv_router::KvCharge;
 use crate::offload::off_workers;
 use crate::registry::Target;
 use crate::router::build_attempt_candidates;
+use crate::routing::{Selection, Selector};
 use bytes::Bytes;
 use infera_proto::error_class::{ApiError, ErrorClass};
 use infera_proto::retention::{Retention, retention_fields};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value};
-use std::time::{Duration, Instant};
-
-/// What the dispatcher needs from the gateway.
-#[derive(Debug)]
-pub struct DispatchContext<'a> {
-    /// HTTP client.
-    pub client: &'a reqwest::Client,
-    /// Breakers.
-    pub breakers: &'a Breakers,
-    /// Metrics.
-    pub metrics: &'a Metrics,
-    /// Retries after the first attempt.
-    pub max_retries: u32,
-    /// Wait for response headers.
-    pub timeout: Duration,
-    /// Bytes of the client's body (a large one is serialized off the async workers).
-    pub body_bytes: usize,
-}
+use std::time::Instant;
 
 /// A worker's answer, headers received.
 #[derive(Debug)]
@@ -39,6 +24,8 @@ pub struct Dispatched {
     pub response: reqwest::Response,
     /// Who answered.
     pub target: Target,
+    /// The request's kv-aware charge on it (the pick's), released when dropped.
+    pub charge: Option<KvCharge>,
 }
 
 fn url_for(target: &Target, path: &str) -> String {
@@ -79,46 +66,57 @@ impl Serialize for WithFields<'_> {
     }
 }
 
-/// Sends `body` to `path` on one of `candidates` (each attempt's target chosen by
-/// `choose` among the untried, available ones), failing over before the first byte.
-pub async fn dispatch(
-    ctx: &DispatchContext<'_>,
-    choose: &(dyn Fn(&[&Target]) -> Option<usize> + Sync),
-    candidates: &[Target],
+/// A POST of `body` to `path` on `target`, with the request id.
+pub fn build_post(
+    upstream: &Upstream,
+    target: &Target,
     path: &str,
-    body: &Map<String, Value>,
-    retention: Retention,
     request_id: &str,
+    body: Bytes,
+) -> reqwest::RequestBuilder {
+    upstream
+        .client
+        .post(url_for(target, path))
+        .header("content-type", "application/json")
+        .header(crate::api::REQUEST_ID_HEADER, request_id)
+        .body(body)
+}
+
+/// Sends `request` to one of `candidates` (each attempt's target chosen by `selector`
+/// among the untried, available ones), failing over before the first byte.
+pub async fn send_with_failover(
+    upstream: &Upstream,
+    selector: &Selector<'_>,
+    candidates: &[Target],
+    request: &Outbound<'_>,
 ) -> Result<Dispatched, ApiError> {
+    let request_id = request.request_id;
     let mut tried: Vec<String> = Vec::new();
     let mut last_error: Option<ApiError> = None;
-    for _ in 0..=ctx.max_retries {
+    for _ in 0..=upstream.max_retries {
         let now = Instant::now();
         let options = build_attempt_candidates(candidates, &tried, |t| {
-            ctx.breakers.is_available(&t.record.worker_id, now)
+            upstream.breakers.is_available(&t.record.worker_id, now)
         });
-        let Some(index) = choose(&options) else {
+        // A failover's new pick drops (releases) the previous one's charge.
+        let Some(Selection { index, charge }) = selector.select(&options) else {
             break;
         };
         let target = options[index].clone();
         tried.push(target.key.clone());
         let worker = target.record.worker_id.clone();
-        ctx.breakers.try_acquire(&worker, now);
-        ctx.metrics.record_pick("mixed", &worker);
-        let mut request = ctx
-            .client
-            .post(url_for(&target, path))
-            .header("content-type", "application/json")
-            .header("x-infera-request-id", request_id)
-            .body(off_workers(ctx.body_bytes, || {
-                body_for(&target, body, retention)
-            }));
+        upstream.breakers.try_acquire(&worker, now);
+        upstream.metrics.record_pick(selector.role(), &worker);
+        let body = off_workers(request.body_bytes, || {
+            body_for(&target, request.body, request.retention)
+        });
+        let mut post = build_post(upstream, &target, request.kind.path(), request_id, body);
         if let Some(rank) = target.dp_rank {
-            request = request.header("x-data-parallel-rank", rank.to_string());
+            post = post.header("x-data-parallel-rank", rank.to_string());
         }
         let answer = tokio::select! {
-            answer = tokio::time::timeout(ctx.timeout, request.send()) => answer,
-            stalled = stall_error(ctx.breakers, "worker", &worker) => {
+            answer = tokio::time::timeout(upstream.request_timeout, post.send()) => answer,
+            stalled = stall_error(&upstream.breakers, "worker", &worker) => {
                 // A hung engine: try another, as for one that cannot be reached.
                 tracing::warn!(worker = %worker, request_id, "{}", stalled.message);
                 last_error = Some(stalled);
@@ -127,14 +125,17 @@ pub async fn dispatch(
         };
         match answer {
             Err(_) => {
-                ctx.breakers.on_failure(&worker, Instant::now());
+                upstream.breakers.on_failure(&worker, Instant::now());
                 return Err(ApiError::new(
                     ErrorClass::GatewayTimeout,
-                    format!("worker {worker} did not answer within {:?}", ctx.timeout),
+                    format!(
+                        "worker {worker} did not answer within {:?}",
+                        upstream.request_timeout
+                    ),
                 ));
             }
             Ok(Err(e)) => {
-                ctx.breakers.on_failure(&worker, Instant::now());
+                upstream.breakers.on_failure(&worker, Instant::now());
                 tracing::warn!(worker = %worker, request_id, "worker unreachable: {e}");
                 last_error = Some(ApiError::new(
                     ErrorClass::BadGateway,
@@ -142,18 +143,26 @@ pub async fn dispatch(
                 ));
             }
             Ok(Ok(response)) if response.status().is_server_error() => {
-                ctx.breakers.on_failure(&worker, Instant::now());
+                upstream.breakers.on_failure(&worker, Instant::now());
                 tracing::warn!(worker = %worker, request_id, status = %response.status(), "worker answered with a server error");
-                if tried.len() > ctx.max_retries as usize
+                if tried.len() > upstream.max_retries as usize
                     || build_attempt_candidates(candidates, &tried, |_| true).is_empty()
                 {
-                    return Ok(Dispatched { response, target });
+                    return Ok(Dispatched {
+                        response,
+                        target,
+                        charge,
+                    });
                 }
             }
             Ok(Ok(response)) => {
                 // Any answer below 500 shows the worker is up (4xx never count as faults).
-                ctx.breakers.on_success(&worker);
-                return Ok(Dispatched { response, target });
+                upstream.breakers.on_success(&worker);
+                return Ok(Dispatched {
+                    response,
+                    target,
+                    charge,
+                });
             }
         }
     }

@@ -2,10 +2,11 @@
 
 use crate::breaker::Breakers;
 use crate::config::{ConfigError, GatewayConfig};
+use crate::forward::Upstream;
 use crate::kv_router::KvRouter;
 use crate::metrics::Metrics;
-use crate::policy::Policy;
 use crate::registry::Registry;
+use crate::routing::Routing;
 use crate::tokenizer_fetch::{TokenizerState, TokenizerStatus};
 use arc_swap::ArcSwap;
 use infera_prompt::PromptCodec;
@@ -64,8 +65,10 @@ pub struct Gateway {
     pub registry: Arc<Registry>,
     /// Breakers.
     pub breakers: Arc<Breakers>,
-    /// Policy.
-    pub policy: Policy,
+    /// How workers are chosen (the policy and its kv-aware state).
+    pub routing: Routing,
+    /// What the forward path needs: client, breakers, metrics, timeouts.
+    pub upstream: Upstream,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Upstream client.
@@ -200,7 +203,14 @@ impl Gateway {
             });
         }
         Ok(Arc::new(Self {
-            policy: Policy::new(cfg.policy()),
+            routing: Routing::new(&cfg, kv.clone(), metrics.clone()),
+            upstream: Upstream::new(
+                &cfg,
+                client.clone(),
+                breakers.clone(),
+                metrics.clone(),
+                inflight.clone(),
+            ),
             kv,
             default_retention: cfg.default_retention.into(),
             cfg,

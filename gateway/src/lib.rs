@@ -3,10 +3,17 @@
 //! relays each request to the worker the router picks, failing over before the first
 //! byte and isolating failing workers with circuit breakers.
 //!
-//! Flow: [`api`] bounds ([`json_limits`]) and validates ([`validate`], [`anthropic`]) -> [`router`] picks the pool
-//! from a [`registry`] snapshot -> [`dispatch`] chooses with a [`policy`] and sends ->
-//! [`relay`] streams the answer back. [`discovery`] feeds the registry; [`metrics`]
-//! and [`breaker`] observe.
+//! Flow of a request: [`api`] bounds the body ([`json_limits`]), validates it
+//! ([`validate`], or translates it from Anthropic's shape with [`anthropic`]), and asks
+//! [`router`] for a [`router::Plan`] over a [`registry`] snapshot (mixed pool, or
+//! prefill and decode pools; direct mode's pins applied). [`routing`] hashes the prompt
+//! once and gives each role a selector (kv-aware or round-robin behind one `select`,
+//! owning its kv charges). [`forward`] is the one send path for both plans: it picks,
+//! sends through [`dispatch`] (mixed, failing over before the first byte) or
+//! [`pd::dispatch`] (both legs), and returns the response with the request's guard.
+//! [`relay`] streams the answer back (coalescing what arrived together), and [`api`] or
+//! [`anthropic`] renders it. [`discovery`] feeds the registry; [`metrics`], [`breaker`]
+//! and [`health_check`] observe.
 
 pub mod anthropic;
 pub mod api;
@@ -14,6 +21,7 @@ pub mod breaker;
 pub mod config;
 pub mod discovery;
 pub mod dispatch;
+pub mod forward;
 pub mod gateway;
 pub mod health_check;
 pub mod http_serve;
@@ -31,6 +39,7 @@ pub mod registry;
 pub mod relay;
 pub mod reload;
 pub mod router;
+pub mod routing;
 pub mod server;
 pub mod tls;
 pub mod tokenizer_fetch;

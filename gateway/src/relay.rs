@@ -7,10 +7,12 @@
 //! comes).
 
 use crate::breaker::Breakers;
+use crate::forward::{Forwarded, Upstream};
+use crate::gateway::Inflight;
 use crate::health_check::stall_error;
 use crate::metrics::{Metrics, Outcome};
 use bytes::Bytes;
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use infera_proto::error_class::{ApiError, ErrorClass};
 use infera_proto::pd::PdProtocol;
 use std::future::Future;
@@ -18,7 +20,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-type Upstream = Pin<Box<dyn Stream<Item = Result<Bytes, reqwest::Error>> + Send>>;
+type BodyStream = Pin<Box<dyn Stream<Item = Result<Bytes, reqwest::Error>> + Send>>;
 
 /// Resolves with an error when the relay must stop (a prefill leg failed).
 pub type Abort = Pin<Box<dyn Future<Output = ApiError> + Send>>;
@@ -35,7 +37,7 @@ pub struct RequestGuard {
     /// Outcome if the relay ends now (cancelled until the body completes).
     pub outcome: Outcome,
     /// Per-worker in-flight counters to release.
-    pub inflight: Vec<(Arc<crate::gateway::Inflight>, String)>,
+    pub inflight: Vec<(Arc<Inflight>, String)>,
     /// kv-aware in-flight blocks, released on drop.
     pub kv_charges: Vec<crate::kv_router::KvCharge>,
     /// The connector of a prefill/decode request.
@@ -63,6 +65,12 @@ impl RequestGuard {
     pub fn set_outcome(&mut self, outcome: Outcome) {
         self.outcome = outcome;
     }
+
+    /// Counts the request in `worker`'s in-flight requests until the guard drops.
+    pub fn hold(&mut self, inflight: &Arc<Inflight>, worker: &str) {
+        inflight.acquire(worker);
+        self.inflight.push((inflight.clone(), worker.to_owned()));
+    }
 }
 
 impl Drop for RequestGuard {
@@ -87,7 +95,7 @@ impl Drop for RequestGuard {
 }
 
 struct RelayState {
-    upstream: Upstream,
+    upstream: BodyStream,
     guard: RequestGuard,
     breakers: Arc<Breakers>,
     worker: String,
@@ -96,11 +104,45 @@ struct RelayState {
     last: Option<Instant>,
     done: bool,
     abort: Option<Abort>,
+    /// What the upstream yielded while chunks were being gathered (its end or an
+    /// error), handled on the next turn.
+    pending: Option<Option<Result<Bytes, reqwest::Error>>>,
+}
+
+/// Most bytes gathered into one write.
+const COALESCE_LIMIT: usize = 64 * 1024;
+
+/// `first` followed by every chunk the upstream has ready now (without waiting), as
+/// one buffer: what arrived together leaves in one write. An end or error met on the
+/// way is kept in `pending`.
+fn gather_ready(
+    first: Bytes,
+    upstream: &mut BodyStream,
+    pending: &mut Option<Option<Result<Bytes, reqwest::Error>>>,
+) -> Bytes {
+    let mut gathered: Option<bytes::BytesMut> = None;
+    let mut len = first.len();
+    while len < COALESCE_LIMIT {
+        match upstream.next().now_or_never() {
+            None => break,
+            Some(Some(Ok(more))) => {
+                len += more.len();
+                gathered
+                    .get_or_insert_with(|| bytes::BytesMut::from(&first[..]))
+                    .extend_from_slice(&more);
+            }
+            Some(other) => {
+                *pending = Some(other);
+                break;
+            }
+        }
+    }
+    gathered.map_or(first, bytes::BytesMut::freeze)
 }
 
 /// The next upstream chunk, or the abort's error if it fires first.
 async fn next_or_abort(
-    upstream: &mut Upstream,
+    upstream: &mut BodyStream,
     abort: &mut Option<Abort>,
 ) -> Result<Option<Result<Bytes, reqwest::Error>>, ApiError> {
     match abort {
@@ -132,16 +174,20 @@ fn with_stall(abort: Option<Abort>, breakers: &Breakers, worker: &str) -> Option
     })
 }
 
-/// The client-bound body for an upstream response.
+/// The client-bound body for a forwarded response (`sse`: failures become an error
+/// event rather than a cut connection).
 pub fn relay_body(
-    response: reqwest::Response,
-    guard: RequestGuard,
-    breakers: Arc<Breakers>,
-    worker: String,
+    forwarded: Forwarded,
+    upstream: &Upstream,
     sse: bool,
-    idle: Duration,
-    abort: Option<Abort>,
-) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send {
+) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + use<> {
+    let Forwarded {
+        response,
+        worker,
+        guard,
+        abort,
+    } = forwarded;
+    let breakers = upstream.breakers.clone();
     let abort = with_stall(abort, &breakers, &worker);
     let state = RelayState {
         upstream: Box::pin(response.bytes_stream()),
@@ -149,17 +195,23 @@ pub fn relay_body(
         breakers,
         worker,
         sse,
-        idle,
+        idle: upstream.idle_timeout,
         last: None,
         done: false,
         abort,
+        pending: None,
     };
     futures::stream::unfold(state, |mut st| async move {
         if st.done {
             return None;
         }
-        let next = tokio::time::timeout(st.idle, next_or_abort(&mut st.upstream, &mut st.abort));
-        let failure = match next.await {
+        let next = match st.pending.take() {
+            Some(pending) => Ok(Ok(pending)),
+            None => {
+                tokio::time::timeout(st.idle, next_or_abort(&mut st.upstream, &mut st.abort)).await
+            }
+        };
+        let failure = match next {
             Ok(Err(aborted)) => {
                 st.guard.outcome = Outcome::UpstreamError;
                 st.done = true;
@@ -171,6 +223,7 @@ pub fn relay_body(
                 });
             }
             Ok(Ok(Some(Ok(chunk)))) => {
+                let chunk = gather_ready(chunk, &mut st.upstream, &mut st.pending);
                 let now = Instant::now();
                 match st.last {
                     None => st

@@ -1,11 +1,13 @@
 //! Choosing where a request goes (pure). AutoRouter, per request and model: both
 //! prefill and decode pools present -> the DisaggRouter (a prefill/decode pair); only
 //! one of them and no mixed worker -> 503 naming the missing pool; otherwise the
-//! MixedRouter. Direct mode resolves the worker ids an external picker pinned.
+//! MixedRouter. Direct mode resolves the worker ids an external picker pinned into a
+//! [`Plan`]; [`crate::routing`] then chooses within it.
 
 use crate::registry::{Snapshot, Target};
 use infera_proto::error_class::{ApiError, ErrorClass};
 use infera_proto::worker::DisaggMode;
+use std::borrow::Cow;
 
 /// Why a request cannot be routed.
 #[derive(Debug, Clone, PartialEq)]
@@ -117,6 +119,112 @@ pub fn route<'s>(snapshot: &'s Snapshot, model: &str) -> Result<Route<'s>, Route
             model: model.to_owned(),
             missing: "decode",
         }),
+    }
+}
+
+/// Header naming the worker (mixed or decode) an external picker chose.
+pub const WORKER_PIN_HEADER: &str = "x-worker-instance-id";
+
+/// Header naming the prefill worker an external picker chose.
+pub const PREFILL_PIN_HEADER: &str = "x-prefill-instance-id";
+
+/// The workers an external picker pinned (direct mode: `x-worker-instance-id`,
+/// `x-prefill-instance-id`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Pins<'h> {
+    /// The mixed or decode worker.
+    pub worker: Option<&'h str>,
+    /// The prefill worker.
+    pub prefill: Option<&'h str>,
+}
+
+/// Where a request goes once direct mode's pins are applied.
+#[derive(Debug)]
+pub enum Plan<'s> {
+    /// One worker of these serves it whole.
+    Mixed(Cow<'s, [Target]>),
+    /// A prefill worker of the first and a decode worker of the second serve it.
+    Disagg(Cow<'s, [Target]>, Cow<'s, [Target]>),
+}
+
+impl Plan<'_> {
+    /// The router label of its metrics: `mixed` or `disagg`.
+    pub fn router(&self) -> &'static str {
+        match self {
+            Self::Mixed(_) => "mixed",
+            Self::Disagg(..) => "disagg",
+        }
+    }
+
+    /// Every candidate, for the block sizes a request is hashed at.
+    pub fn targets(&self) -> impl Iterator<Item = &Target> {
+        let (first, second): (&[Target], &[Target]) = match self {
+            Self::Mixed(c) => (c, &[]),
+            Self::Disagg(p, d) => (p, d),
+        };
+        first.iter().chain(second)
+    }
+}
+
+/// The AutoRouter's decision for `model`, with the pins replacing the picks they name.
+pub fn plan<'s>(
+    snapshot: &'s Snapshot,
+    model: &str,
+    pins: Pins<'_>,
+) -> Result<Plan<'s>, RouteError> {
+    if pins.worker.is_none() && pins.prefill.is_none() {
+        return Ok(match route(snapshot, model)? {
+            Route::Mixed(t) => Plan::Mixed(Cow::Borrowed(t)),
+            Route::Disagg { prefill, decode } => {
+                Plan::Disagg(Cow::Borrowed(prefill), Cow::Borrowed(decode))
+            }
+        });
+    }
+    let pool = |mode: DisaggMode| -> Result<Cow<'s, [Target]>, RouteError> {
+        let pools = snapshot.models.get(model);
+        let targets = pools.map_or(&[][..], |p| match mode {
+            DisaggMode::Prefill => &p.prefill,
+            _ => &p.decode,
+        });
+        if targets.is_empty() {
+            return Err(RouteError::MissingPool {
+                model: model.to_owned(),
+                missing: mode.as_str(),
+            });
+        }
+        Ok(Cow::Borrowed(targets))
+    };
+    let prefill = match pins.prefill {
+        Some(id) => Some(Cow::Owned(pinned(
+            snapshot,
+            PREFILL_PIN_HEADER,
+            id,
+            model,
+            &[DisaggMode::Prefill],
+        )?)),
+        None => None,
+    };
+    match pins.worker {
+        Some(id) => {
+            let modes: &[DisaggMode] = if prefill.is_some() {
+                &[DisaggMode::Decode]
+            } else {
+                &[DisaggMode::Mixed, DisaggMode::Decode]
+            };
+            let worker = pinned(snapshot, WORKER_PIN_HEADER, id, model, modes)?;
+            if worker[0].record.disagg_mode == DisaggMode::Mixed {
+                return Ok(Plan::Mixed(Cow::Owned(worker)));
+            }
+            let prefill = match prefill {
+                Some(p) => p,
+                None => pool(DisaggMode::Prefill)?,
+            };
+            Ok(Plan::Disagg(prefill, Cow::Owned(worker)))
+        }
+        None => Ok(Plan::Disagg(
+            prefill.unwrap_or_default(),
+            pool(DisaggMode::Decode)?,
+        )),
     }
 }
 

@@ -11,7 +11,8 @@
 use super::connectors::{
     Leg, PdError, PdPair, build_decode_leg, build_prefill_leg, extract_handoff,
 };
-use crate::gateway::Gateway;
+use crate::dispatch::{build_post, root_cause};
+use crate::forward::{Outbound, Upstream};
 use crate::health_check::stall_error;
 use crate::offload::off_workers;
 use crate::registry::Target;
@@ -21,8 +22,7 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use infera_proto::error_class::{ApiError, ErrorClass};
 use infera_proto::pd::PdTopology;
-use serde_json::{Map, Value};
-use std::sync::Arc;
+use serde_json::Value;
 use std::time::{Duration, Instant};
 
 /// Retries of a decode open that failed before its first byte.
@@ -54,8 +54,8 @@ impl std::fmt::Debug for PdOpened {
 type PrefillResult = Shared<BoxFuture<'static, Result<Bytes, ApiError>>>;
 
 /// Records a set-up failure and turns it into the client's error.
-fn setup_failed(gw: &Gateway, err: &PdError) -> ApiError {
-    gw.metrics.record_pd_failure(err.reason());
+fn setup_failed(upstream: &Upstream, err: &PdError) -> ApiError {
+    upstream.metrics.record_pd_failure(err.reason());
     tracing::warn!(reason = err.reason(), "prefill/decode request: {:?}", err);
     err.to_api_error()
 }
@@ -82,18 +82,13 @@ fn encode(
 }
 
 fn post(
-    gw: &Gateway,
+    upstream: &Upstream,
     target: &Target,
     path: &str,
     leg: &Encoded,
     rid: &str,
 ) -> reqwest::RequestBuilder {
-    let mut request = gw
-        .client
-        .post(format!("{}{path}", target.record.url.trim_end_matches('/')))
-        .header("content-type", "application/json")
-        .header("x-infera-request-id", rid)
-        .body(leg.body.clone());
+    let mut request = build_post(upstream, target, path, rid, leg.body.clone());
     for (name, value) in &leg.headers {
         request = request.header(*name, value);
     }
@@ -116,29 +111,30 @@ fn error_text(body: &[u8]) -> String {
 
 /// Runs the prefill leg to the end of its body in a task of its own.
 fn spawn_prefill(
-    gw: &Arc<Gateway>,
+    upstream: &Upstream,
     target: &Target,
     path: &str,
     leg: &Encoded,
     rid: &str,
 ) -> PrefillResult {
-    let request = post(gw, target, path, leg, rid);
-    let gw = gw.clone();
+    let request = post(upstream, target, path, leg, rid);
+    let upstream = upstream.clone();
     let worker = target.record.worker_id.clone();
     let task = tokio::spawn(async move {
         let started = Instant::now();
-        let result = run_prefill(&gw, request, &worker).await;
-        gw.metrics
+        let result = run_prefill(&upstream, request, &worker).await;
+        upstream
+            .metrics
             .observe_pd_leg("prefill", started.elapsed().as_secs_f64());
         match &result {
-            Ok(_) => gw.breakers.on_success(&worker),
+            Ok(_) => upstream.breakers.on_success(&worker),
             Err((reason, e)) => {
-                gw.metrics.record_pd_failure(reason);
+                upstream.metrics.record_pd_failure(reason);
                 if matches!(*reason, "prefill_rejected" | "prefill_busy") {
                     // An answer below 500: the worker is up (closes a half-open breaker).
-                    gw.breakers.on_success(&worker);
+                    upstream.breakers.on_success(&worker);
                 } else {
-                    gw.breakers.on_failure(&worker, Instant::now());
+                    upstream.breakers.on_failure(&worker, Instant::now());
                 }
                 tracing::warn!(worker = %worker, reason, "{}", e.message);
             }
@@ -160,24 +156,24 @@ fn spawn_prefill(
 /// The prefill leg's answer, ended early when the worker starts failing its health
 /// checks (a hung engine never answers).
 async fn run_prefill(
-    gw: &Gateway,
+    upstream: &Upstream,
     request: reqwest::RequestBuilder,
     worker: &str,
 ) -> Result<Bytes, (&'static str, ApiError)> {
     tokio::select! {
-        answer = prefill_answer(gw, request, worker) => answer,
-        stalled = stall_error(&gw.breakers, "prefill worker", worker) => {
+        answer = prefill_answer(upstream, request, worker) => answer,
+        stalled = stall_error(&upstream.breakers, "prefill worker", worker) => {
             Err(("prefill_stalled", stalled))
         }
     }
 }
 
 async fn prefill_answer(
-    gw: &Gateway,
+    upstream: &Upstream,
     request: reqwest::RequestBuilder,
     worker: &str,
 ) -> Result<Bytes, (&'static str, ApiError)> {
-    let timeout = Duration::from_secs_f64(gw.cfg.request_timeout_s);
+    let timeout = upstream.request_timeout;
     let response = match tokio::time::timeout(timeout, request.send()).await {
         Err(_) => {
             return Err((
@@ -193,17 +189,14 @@ async fn prefill_answer(
                 "prefill_unreachable",
                 ApiError::new(
                     ErrorClass::BadGateway,
-                    format!(
-                        "prefill worker {worker} is unreachable: {}",
-                        crate::dispatch::root_cause(&e)
-                    ),
+                    format!("prefill worker {worker} is unreachable: {}", root_cause(&e)),
                 ),
             ));
         }
         Ok(Ok(r)) => r,
     };
     let status = response.status();
-    let idle = Duration::from_secs_f64(gw.cfg.stream_idle_timeout_s);
+    let idle = upstream.idle_timeout;
     let body = match tokio::time::timeout(idle, response.bytes()).await {
         Ok(Ok(b)) => b,
         Ok(Err(e)) => {
@@ -263,52 +256,52 @@ async fn prefill_answer(
 
 /// Opens the decode leg, retrying on the same worker while nothing came back.
 async fn open_decode(
-    gw: &Gateway,
+    upstream: &Upstream,
     target: &Target,
     path: &str,
     leg: &Encoded,
     rid: &str,
 ) -> Result<reqwest::Response, ApiError> {
     let worker = &target.record.worker_id;
-    let timeout = Duration::from_secs_f64(gw.cfg.request_timeout_s);
+    let timeout = upstream.request_timeout;
     let started = Instant::now();
     let mut backoff = DECODE_RETRY_BACKOFF;
     let mut attempt = 0;
     loop {
-        let send = tokio::time::timeout(timeout, post(gw, target, path, leg, rid).send());
+        let send = tokio::time::timeout(timeout, post(upstream, target, path, leg, rid).send());
         let answer = tokio::select! {
             answer = send => answer,
-            stalled = stall_error(&gw.breakers, "decode worker", worker) => return Err(stalled),
+            stalled = stall_error(&upstream.breakers, "decode worker", worker) => return Err(stalled),
         };
         let failure = match answer {
             Err(_) => {
-                gw.breakers.on_failure(worker, Instant::now());
+                upstream.breakers.on_failure(worker, Instant::now());
                 return Err(ApiError::new(
                     ErrorClass::GatewayTimeout,
                     format!("decode worker {worker} did not answer within {timeout:?}"),
                 ));
             }
             Ok(Ok(response)) if !response.status().is_server_error() => {
-                gw.breakers.on_success(worker);
-                gw.metrics
+                upstream.breakers.on_success(worker);
+                upstream
+                    .metrics
                     .observe_pd_leg("decode", started.elapsed().as_secs_f64());
                 return Ok(response);
             }
             Ok(Ok(response)) => {
                 let status = response.status();
-                let idle = Duration::from_secs_f64(gw.cfg.stream_idle_timeout_s);
-                let body = tokio::time::timeout(idle, response.bytes())
+                let body = tokio::time::timeout(upstream.idle_timeout, response.bytes())
                     .await
                     .ok()
                     .and_then(Result::ok)
                     .unwrap_or_default();
                 format!("answered {status}: {}", error_text(&body))
             }
-            Ok(Err(e)) => format!("is unreachable: {}", crate::dispatch::root_cause(&e)),
+            Ok(Err(e)) => format!("is unreachable: {}", root_cause(&e)),
         };
-        gw.breakers.on_failure(worker, Instant::now());
+        upstream.breakers.on_failure(worker, Instant::now());
         if attempt == DECODE_OPEN_RETRIES {
-            gw.metrics.record_pd_failure("decode_failed");
+            upstream.metrics.record_pd_failure("decode_failed");
             return Err(ApiError::new(
                 ErrorClass::BadGateway,
                 format!(
@@ -318,31 +311,33 @@ async fn open_decode(
             ));
         }
         tracing::info!(worker = %worker, rid, attempt = attempt + 1, "decode open failed ({failure}); retrying");
-        gw.metrics.record_pd_decode_retry();
+        upstream.metrics.record_pd_decode_retry();
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(DECODE_RETRY_MAX_BACKOFF);
         attempt += 1;
     }
 }
 
-/// Sends a prefill/decode request over `pair` (`body` parsed from `body_bytes` bytes);
-/// returns the decode's open response.
+/// Sends `request` over `pair`; returns the decode's open response.
 pub async fn send_pair(
-    gw: &Arc<Gateway>,
+    upstream: &Upstream,
     pair: &PdPair<'_>,
-    path: &str,
-    body: &Map<String, Value>,
-    body_bytes: usize,
-    rid: &str,
+    request: &Outbound<'_>,
 ) -> Result<PdOpened, ApiError> {
-    let prefill_leg =
-        encode(body_bytes, || build_prefill_leg(pair, body)).map_err(|e| setup_failed(gw, &e))?;
+    let (path, body, body_bytes, rid) = (
+        request.kind.path(),
+        request.body,
+        request.body_bytes,
+        request.request_id,
+    );
+    let prefill_leg = encode(body_bytes, || build_prefill_leg(pair, body))
+        .map_err(|e| setup_failed(upstream, &e))?;
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     match pair.protocol.topology() {
         PdTopology::Concurrent => {
             let decode_leg = encode(body_bytes, || build_decode_leg(pair, body, None))
-                .map_err(|e| setup_failed(gw, &e))?;
-            let prefill = spawn_prefill(gw, pair.prefill, path, &prefill_leg, rid);
+                .map_err(|e| setup_failed(upstream, &e))?;
+            let prefill = spawn_prefill(upstream, pair.prefill, path, &prefill_leg, rid);
             let mut failed: Abort = {
                 let prefill = prefill.clone();
                 Box::pin(async move {
@@ -355,7 +350,7 @@ pub async fn send_pair(
             let response = tokio::select! {
                 biased;
                 e = &mut failed => return Err(e),
-                opened = open_decode(gw, pair.decode, path, &decode_leg, rid) => opened?,
+                opened = open_decode(upstream, pair.decode, path, &decode_leg, rid) => opened?,
             };
             if !response.status().is_success() {
                 return Ok(PdOpened {
@@ -378,17 +373,17 @@ pub async fn send_pair(
             })
         }
         PdTopology::Serial => {
-            let answer = spawn_prefill(gw, pair.prefill, path, &prefill_leg, rid).await?;
+            let answer = spawn_prefill(upstream, pair.prefill, path, &prefill_leg, rid).await?;
             let handoff = serde_json::from_slice::<Value>(&answer)
                 .map_err(|e| PdError::BadHandoff {
                     worker: pair.prefill.record.worker_id.clone(),
                     detail: format!("the answer is not JSON ({e})"),
                 })
                 .and_then(|v| extract_handoff(pair.protocol, &pair.prefill.record, &v))
-                .map_err(|e| setup_failed(gw, &e))?;
+                .map_err(|e| setup_failed(upstream, &e))?;
             let decode_leg = encode(body_bytes, || build_decode_leg(pair, body, Some(&handoff)))
-                .map_err(|e| setup_failed(gw, &e))?;
-            let response = open_decode(gw, pair.decode, path, &decode_leg, rid).await?;
+                .map_err(|e| setup_failed(upstream, &e))?;
+            let response = open_decode(upstream, pair.decode, path, &decode_leg, rid).await?;
             Ok(PdOpened {
                 response,
                 abort: None,
