@@ -7,7 +7,7 @@ use crate::config::RouterMode;
 use crate::forward::{Forwarded, Outbound, Upstream, forward};
 use crate::gateway::Gateway;
 use crate::json_limits::{JsonLimits, check_json_limits};
-use crate::metrics::{KvGauges, Outcome};
+use crate::metrics::Outcome;
 use crate::offload::off_workers;
 use crate::relay::relay_body;
 use crate::router::{PREFILL_PIN_HEADER, Pins, WORKER_PIN_HEADER, plan};
@@ -598,22 +598,15 @@ async fn ready(State(gw): State<Shared>) -> Response {
 
 async fn metrics(State(gw): State<Shared>) -> Response {
     let snap = gw.registry.snapshot();
-    let kv = gw.kv.as_ref().map(|k| {
-        let (active_blocks, indexed_blocks, bytes_per_block) = k.gauges();
-        KvGauges {
-            active_blocks,
-            indexed_blocks,
-            bytes_per_block,
-            // Every target of every listed worker, draining ones included, as the
-            // earlier server set them at scrape time.
-            view_sizes: k.view_sizes(snap.workers.values().map(|w| &**w)),
-        }
-    });
+    let kv = gw
+        .kv
+        .as_ref()
+        .map(|k| k.gauges(snap.workers.values().map(|w| &**w)));
     let text = gw.metrics.render(&snap, &gw.breakers, kv);
     (
         [(
             header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
+            infera_telemetry::metrics::CONTENT_TYPE,
         )],
         text,
     )

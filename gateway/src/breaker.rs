@@ -56,12 +56,12 @@ pub enum BreakerState {
 }
 
 impl BreakerState {
-    /// The gauge value: 0 closed, 1 open, 2 half-open.
+    /// The gauge value, as the earlier server set it: 0 closed, 1 half-open, 2 open.
     pub fn gauge(self) -> u8 {
         match self {
             Self::Closed => 0,
-            Self::Open { .. } => 1,
-            Self::HalfOpen { .. } => 2,
+            Self::HalfOpen { .. } => 1,
+            Self::Open { .. } => 2,
         }
     }
 

@@ -4,7 +4,7 @@
 //! shared state around them.
 
 use crate::kv_policy::LoadState;
-use crate::metrics::Metrics;
+use crate::metrics::{KvGauges, Metrics};
 use crate::prefix_index::{IndexSkip, PrefixIndex};
 use crate::registry::Target;
 use crate::validate::ApiKind;
@@ -315,36 +315,32 @@ impl KvRouter {
         }
     }
 
-    /// Distinct in-flight blocks, index size and bytes per indexed block.
-    pub fn gauges(&self) -> (usize, usize, f64) {
-        self.state
-            .lock()
-            .map(|s| {
-                (
-                    s.load.total_active_blocks(),
-                    s.index.total_blocks(),
-                    s.index.bytes_per_block(),
-                )
-            })
-            .unwrap_or_default()
+    /// The scrape-time gauges for the targets of `records` (every listed worker,
+    /// draining ones included, as the earlier server set them at scrape time).
+    pub fn gauges<'r>(&self, records: impl Iterator<Item = &'r WorkerRecord>) -> KvGauges {
+        let Ok(state) = self.state.lock() else {
+            return KvGauges::default();
+        };
+        KvGauges {
+            indexed_blocks: state.index.total_blocks(),
+            bytes_per_block: state.index.bytes_per_block(),
+            targets: records
+                .flat_map(WorkerRecord::route_targets)
+                .map(|t| {
+                    let view = state.index.view(&t.key).map_or(0, |v| v.len());
+                    let active = state.load.active_blocks(&t.key);
+                    (t.key, view, active)
+                })
+                .collect(),
+        }
     }
 
-    /// Blocks in the router's view of each target of `records` (route key, blocks), for
-    /// `infera_policy_cache_view_size`.
-    pub fn view_sizes<'r>(
-        &self,
-        records: impl Iterator<Item = &'r WorkerRecord>,
-    ) -> Vec<(String, usize)> {
-        let Ok(state) = self.state.lock() else {
-            return Vec::new();
-        };
-        records
-            .flat_map(WorkerRecord::route_targets)
-            .map(|t| {
-                let blocks = state.index.view(&t.key).map_or(0, |v| v.len());
-                (t.key, blocks)
-            })
-            .collect()
+    /// Distinct in-flight blocks over all targets.
+    pub fn active_blocks(&self) -> usize {
+        self.state
+            .lock()
+            .map(|s| s.load.total_active_blocks())
+            .unwrap_or_default()
     }
 
     /// `/v1/admin/cache-view/<worker_id>`: blocks held per target of the worker.

@@ -13,7 +13,7 @@ use crate::discovery::etcd::{EtcdChange, apply_etcd_change, build_synced_records
 use crate::discovery::kubernetes::{PodIndex, apply_update};
 use crate::kv_ingest::specs_for;
 use crate::kv_router::{KvRouter, block_size_of};
-use crate::metrics::{KvGauges, Metrics};
+use crate::metrics::Metrics;
 use crate::pd::connectors::resolve_protocol;
 use crate::registry::{Registry, Target};
 use infera_prompt::PromptCodec;
@@ -449,10 +449,7 @@ fn check_server_view(view: &Value, registry: &Registry) {
         false,
         Arc::new(Metrics::default()),
     );
-    let gauges = KvGauges {
-        view_sizes: kv.view_sizes(snap.workers.values().map(|w| &**w)),
-        ..KvGauges::default()
-    };
+    let gauges = kv.gauges(snap.workers.values().map(|w| &**w));
     let text = Metrics::default().render(&snap, &crate::breaker::Breakers::default(), Some(gauges));
     let series = |text: &str, names: &[&str]| -> Vec<String> {
         let mut out: Vec<String> = text

@@ -47,3 +47,5 @@ pub mod validate;
 
 #[cfg(test)]
 mod legacy_records_tests;
+#[cfg(test)]
+mod metrics_pin_tests;

@@ -312,10 +312,14 @@ mod tests {
         let s = request.selector("mixed");
         // The first pick grows the picked worker's (approximate) view ...
         let first = s.select(&options).unwrap();
-        let charged = r.kv.as_ref().unwrap().gauges().0;
+        let charged = r.kv.as_ref().unwrap().active_blocks();
         assert!(charged > 0, "the pick charges its blocks");
         drop(first.charge);
-        assert_eq!(r.kv.as_ref().unwrap().gauges().0, 0, "released on drop");
+        assert_eq!(
+            r.kv.as_ref().unwrap().active_blocks(),
+            0,
+            "released on drop"
+        );
         // ... so the same prompt goes back to it.
         assert_eq!(s.choose(&options), Some(first.index));
         assert_eq!(s.choose(&[&b, &a]), Some(1 - first.index));
@@ -369,7 +373,7 @@ mod tests {
             }
             drop(held);
             if let Some(kv) = &r.kv {
-                prop_assert_eq!(kv.gauges().0, 0, "every charge released");
+                prop_assert_eq!(kv.active_blocks(), 0, "every charge released");
             }
         }
     }

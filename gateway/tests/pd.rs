@@ -165,10 +165,12 @@ async fn every_connector_serves_streaming_and_unary_requests() {
         }
         let ok = format!("infera_pd_requests_total{{protocol=\"{protocol}\",outcome=\"ok\"}} 2");
         assert!(m.contains(&ok), "{protocol}: {m}");
-        assert!(
-            m.contains("infera_pd_dispatch_duration_seconds_count{leg=\"decode\"} 2"),
-            "{m}"
+        // Per leg and worker, as the earlier server labelled it.
+        let decode_leg = format!(
+            "infera_pd_dispatch_duration_seconds_count{{leg=\"decode\",worker_id=\"{}\"}} 2",
+            pair.decode.addr
         );
+        assert!(m.contains(&decode_leg), "{m}");
     }
 }
 

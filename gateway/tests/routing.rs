@@ -145,9 +145,10 @@ async fn failover_before_the_first_byte_and_the_breaker_opens() {
         )),
         "{metrics}"
     );
+    // The earlier server's gauge values: 0 closed, 1 half-open, 2 open.
     assert!(
         metrics.contains(&format!(
-            "infera_router_worker_breaker_state{{worker_id=\"{}\"}} 1",
+            "infera_router_worker_breaker_state{{worker_id=\"{}\"}} 2",
             a.addr
         )),
         "{metrics}"

@@ -125,7 +125,7 @@ fn spawn_prefill(
         let result = run_prefill(&upstream, request, &worker).await;
         upstream
             .metrics
-            .observe_pd_leg("prefill", started.elapsed().as_secs_f64());
+            .observe_pd_leg("prefill", &worker, started.elapsed().as_secs_f64());
         match &result {
             Ok(_) => upstream.breakers.on_success(&worker),
             Err((reason, e)) => {
@@ -285,7 +285,7 @@ async fn open_decode(
                 upstream.breakers.on_success(worker);
                 upstream
                     .metrics
-                    .observe_pd_leg("decode", started.elapsed().as_secs_f64());
+                    .observe_pd_leg("decode", worker, started.elapsed().as_secs_f64());
                 return Ok(response);
             }
             Ok(Ok(response)) => {

@@ -1,0 +1,128 @@
+//! Logging and trace set-up, the same for every binary: logs on stderr (plain or
+//! JSON), filtered by `RUST_LOG` or the binary's default, and, when an OTLP endpoint is
+//! given, every span exported as OpenTelemetry over OTLP/HTTP (protobuf) in batches,
+//! with W3C trace context as the propagator. Export is off by default.
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// How a binary logs and traces.
+#[derive(Debug, Clone, Default)]
+pub struct LogOptions {
+    /// `service.name` of exported spans (the binary's name).
+    pub service: &'static str,
+    /// The filter without `RUST_LOG` (e.g. `info,kube_runtime=warn`).
+    pub default_filter: String,
+    /// One JSON object per line instead of text.
+    pub json: bool,
+    /// Text without targets, in colour on a terminal (an interactive command's output).
+    pub terse: bool,
+    /// OTLP/HTTP traces endpoint, the whole URL (`http://collector:4318/v1/traces`);
+    /// `None`: no export.
+    pub otlp_traces_endpoint: Option<String>,
+}
+
+/// Why logging could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    /// The OTLP exporter could not be built (a malformed endpoint).
+    #[error("the OTLP trace exporter for {endpoint}: {source}")]
+    BuildExporter {
+        /// The endpoint given.
+        endpoint: String,
+        /// The exporter's error.
+        source: opentelemetry_otlp::ExporterBuildError,
+    },
+    /// A subscriber was already installed.
+    #[error("installing the log subscriber: {0}")]
+    Install(String),
+}
+
+/// Keeps the trace exporter running; dropping it sends the spans still buffered.
+#[derive(Debug)]
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        if let Some(provider) = self.provider.take()
+            && let Err(e) = provider.shutdown()
+        {
+            eprintln!("flushing the last spans: {e}");
+        }
+    }
+}
+
+static EXPORTING: AtomicBool = AtomicBool::new(false);
+
+/// Whether spans are exported (OTLP on): trace context sent upstream is then the
+/// gateway's own span's rather than the client's, passed through.
+pub fn spans_exported() -> bool {
+    EXPORTING.load(Ordering::Relaxed)
+}
+
+/// Installs logging (and span export) for the process.
+pub fn init(options: LogOptions) -> Result<Telemetry, TelemetryError> {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(&options.default_filter));
+    let provider = match &options.otlp_traces_endpoint {
+        Some(endpoint) => Some(build_provider(options.service, endpoint)?),
+        None => None,
+    };
+    let otel = provider.as_ref().map(|p| {
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer(options.service))
+            .with_tracked_inactivity(false)
+    });
+    let json = options.json.then(|| {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::stderr)
+    });
+    let text = (!options.json).then(|| {
+        let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(terminal)
+            .with_target(!options.terse)
+    });
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(json)
+        .with(text)
+        .with(otel)
+        .try_init()
+        .map_err(|e| TelemetryError::Install(e.to_string()))?;
+    if provider.is_some() {
+        opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+        EXPORTING.store(true, Ordering::Relaxed);
+    }
+    Ok(Telemetry { provider })
+}
+
+fn build_provider(
+    service: &'static str,
+    endpoint: &str,
+) -> Result<SdkTracerProvider, TelemetryError> {
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(Protocol::HttpBinary)
+        .with_endpoint(endpoint)
+        .build()
+        .map_err(|source| TelemetryError::BuildExporter {
+            endpoint: endpoint.to_owned(),
+            source,
+        })?;
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(Resource::builder().with_service_name(service).build())
+        .build())
+}
