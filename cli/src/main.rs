@@ -70,18 +70,13 @@ fn main() -> ExitCode {
 }
 
 fn run_async(args: infera::up::UpArgs) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new(
-                    "warn,infera=info,infera_gateway::access=debug,infera_gateway::pick=debug",
-                )
-            }),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .init();
+    let _telemetry = infera_telemetry::init(infera_telemetry::LogOptions {
+        service: "infera",
+        default_filter: "warn,infera=info,infera_gateway::access=debug,infera_gateway::pick=debug"
+            .into(),
+        terse: true,
+        ..Default::default()
+    });
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -100,13 +95,11 @@ fn run_async(args: infera::up::UpArgs) -> ExitCode {
 }
 
 fn run_bench(args: infera::bench::BenchArgs) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let _telemetry = infera_telemetry::init(infera_telemetry::LogOptions {
+        service: "infera",
+        default_filter: "error".into(),
+        ..Default::default()
+    });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("infera-drv")

@@ -40,13 +40,14 @@ fn free_port() -> Option<u16> {
 // that spawned it, which must live as long as the sidecar.
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let telemetry = infera_telemetry::init(infera_telemetry::LogOptions {
+        service: "infera-engine-sidecar",
+        default_filter: "info".into(),
+        ..Default::default()
+    });
+    if let Err(e) = &telemetry {
+        eprintln!("infera-engine-sidecar: {e}");
+    }
     std::process::exit(run().await);
 }
 

@@ -265,6 +265,18 @@ pub struct GatewayConfig {
     #[arg(long, env = "INFERA_STREAM_IDLE_TIMEOUT_S", default_value_t = 600.0)]
     pub stream_idle_timeout_s: f64,
 
+    /// Export OpenTelemetry spans over OTLP/HTTP (protobuf) to this URL, the whole path
+    /// included (`http://otel-collector:4318/v1/traces`): per request its routing, its
+    /// first byte and its completion, and a client span per request to a worker, whose
+    /// W3C `traceparent` the engine continues. Off by default; without it a client's
+    /// `traceparent` is passed through to the engine unchanged.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")]
+    pub otlp_traces_endpoint: Option<String>,
+
+    /// Log one JSON object per line (on stderr) instead of text.
+    #[arg(long, env = "INFERA_LOG_JSON")]
+    pub log_json: bool,
+
     /// Largest request body accepted, bytes.
     #[arg(long, env = "INFERA_MAX_BODY_BYTES", default_value_t = 8 * 1024 * 1024)]
     pub max_body_bytes: usize,

@@ -19,14 +19,16 @@ async fn main() {
 }
 
 async fn run() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
     let matches = GatewayConfig::command().get_matches();
     let cfg = GatewayConfig::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Kept to the end: dropping it sends the spans still buffered.
+    let _telemetry = infera_telemetry::init(infera_telemetry::LogOptions {
+        service: "infera-gateway",
+        default_filter: "info".into(),
+        json: cfg.log_json,
+        otlp_traces_endpoint: cfg.otlp_traces_endpoint.clone(),
+        ..Default::default()
+    })?;
     let differences = compute_earlier_default_differences(
         &cfg,
         |id| {

@@ -8,7 +8,7 @@ use infera_kvd::daemon::Daemon;
 use infera_kvd::disk::device::IoMode;
 use infera_kvd::disk::{Disk, DiskOptions};
 use infera_kvd::lower::Lower;
-use infera_kvd::metrics::render_tiers;
+use infera_kvd::metrics::StoreView;
 use infera_kvd::remote::{self, Remote, RemoteOptions};
 use infera_kvd::server::{Limits, bind, serve};
 use infera_kvd::store::Store;
@@ -264,13 +264,22 @@ async fn serve_metrics(addr: SocketAddr, daemon: Arc<Daemon>) -> Result<()> {
         axum::routing::get(move || {
             let d = daemon.clone();
             async move {
-                let (stats, leases, slot) = {
+                let store = {
                     let s = d.store();
-                    (s.stats(), s.leases(), s.slot_size())
+                    StoreView {
+                        stats: s.stats(),
+                        leases: s.leases(),
+                        slot_size: s.slot_size(),
+                    }
                 };
-                let mut text = d.metrics.render(&stats, leases, slot);
-                text.push_str(&render_tiers(&stats, &d.lower, &d.prefetched));
-                text
+                let text = d.metrics.render(&store, &d.lower, &d.prefetched);
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        infera_telemetry::metrics::CONTENT_TYPE,
+                    )],
+                    text,
+                )
             }
         }),
     );
@@ -348,19 +357,14 @@ async fn run(cli: Cli) -> Result<()> {
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    if cli.log_json {
-        tracing_subscriber::fmt()
-            .json()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .init();
-    } else {
-        tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .init();
+    let telemetry = infera_telemetry::init(infera_telemetry::LogOptions {
+        service: "infera-kvd",
+        default_filter: "info".into(),
+        json: cli.log_json,
+        ..Default::default()
+    });
+    if let Err(e) = &telemetry {
+        eprintln!("infera-kvd: {e}");
     }
     let result = match cli.command {
         Some(Command::Stats) => stats(&cli),

@@ -1,25 +1,28 @@
-//! kvd's Prometheus metrics: the store's counters and sizes, rejections, and op
-//! latencies per op.
+//! kvd's Prometheus metrics, through `prometheus-client` ([`infera_telemetry::metrics`]):
+//! op latencies per op, refusals and error replies counted as they happen; the
+//! store's counters and sizes and every tier's read when scraped.
 
 use crate::daemon::PrefetchCounters;
 use crate::lower::Lower;
 use crate::tier::{Tier, TierCounters};
 use crate::wire::Stats;
-use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::Mutex;
+use infera_telemetry::metrics::{Labels, ScrapeValues, register, register_counter};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Upper bounds (seconds) of the op latency histogram.
 const BUCKETS: [f64; 8] = [0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.1];
 
-#[derive(Debug, Default, Clone)]
-struct Histogram {
-    buckets: [u64; BUCKETS.len()],
-    count: u64,
-    sum: f64,
+fn op_histogram() -> Histogram {
+    Histogram::new(BUCKETS)
 }
+
+/// A label set of one static label.
+type One = [(&'static str, &'static str); 1];
 
 /// The label of a refusal: `ttl`, `retention_downgrade`, `displace_higher_class`,
 /// `no_room`, `too_large`, `lease` or `other`.
@@ -39,184 +42,154 @@ pub fn rejection_kind(reason: &str) -> &'static str {
         .map_or("other", |(_, kind)| kind)
 }
 
-/// Latencies and rejections (the store keeps the rest).
-#[derive(Debug, Default)]
+/// Latencies, refusals and errors (the store keeps the rest).
+#[derive(Debug)]
 pub struct Metrics {
-    ops: Mutex<BTreeMap<&'static str, Histogram>>,
-    rejections: Mutex<BTreeMap<String, u64>>,
-    errors: Mutex<BTreeMap<&'static str, u64>>,
+    registry: Registry,
+    ops: Family<One, Histogram, fn() -> Histogram>,
+    rejections: Family<One, Counter>,
+    errors: Family<One, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut m = Self {
+            registry: Registry::default(),
+            ops: Family::new_with_constructor(op_histogram),
+            rejections: Family::default(),
+            errors: Family::default(),
+        };
+        register(
+            &mut m.registry,
+            "infera_kvd_op_duration_seconds",
+            "Time to serve one op.",
+            m.ops.clone(),
+        );
+        register_counter(
+            &mut m.registry,
+            "infera_kvd_rejections_total",
+            "Writes refused, by reason.",
+            m.rejections.clone(),
+        );
+        register_counter(
+            &mut m.registry,
+            "infera_kvd_errors_total",
+            "Error replies, by code.",
+            m.errors.clone(),
+        );
+        m
+    }
 }
 
 impl Metrics {
     /// One op served.
     pub fn observe(&self, op: &'static str, took: Duration) {
-        if let Ok(mut ops) = self.ops.lock() {
-            let h = ops.entry(op).or_default();
-            let secs = took.as_secs_f64();
-            for (bound, b) in BUCKETS.iter().zip(h.buckets.iter_mut()) {
-                if secs <= *bound {
-                    *b += 1;
-                }
-            }
-            h.count += 1;
-            h.sum += secs;
-        }
+        self.ops
+            .get_or_create(&[("op", op)])
+            .observe(took.as_secs_f64());
     }
 
     /// A write refused (`accepted=false`), counted by kind (a closed set, so label
     /// values stay few).
     pub fn rejected(&self, reason: &str) {
-        let kind = rejection_kind(reason);
-        if let Ok(mut r) = self.rejections.lock() {
-            *r.entry(kind.to_owned()).or_default() += 1;
-        }
+        self.rejections
+            .get_or_create(&[("reason", rejection_kind(reason))])
+            .inc();
     }
 
     /// An `error` reply.
     pub fn error(&self, code: &'static str) {
-        if let Ok(mut e) = self.errors.lock() {
-            *e.entry(code).or_default() += 1;
-        }
+        self.errors.get_or_create(&[("code", code)]).inc();
     }
 
-    /// The exposition text.
-    pub fn render(&self, stats: &Stats, leases: usize, slot_size: u64) -> String {
-        let mut out = String::new();
-        let mut gauge = |name: &str, help: &str, kind: &str, v: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-            );
-        };
-        gauge(
-            "infera_kvd_entries",
-            "Entries held in RAM.",
-            "gauge",
-            stats.entries,
-        );
-        gauge(
+    /// The exposition: the store (`stats`, `leases`, `slot_size`), the tiers below it
+    /// and prefetch outcomes, then this registry's.
+    pub fn render(
+        &self,
+        store: &StoreView,
+        lower: &Lower,
+        prefetched: &PrefetchCounters,
+    ) -> String {
+        let mut scraped = ScrapeValues::default();
+        render_store(&mut scraped, store);
+        render_tiers(&mut scraped, &store.stats, lower, prefetched);
+        infera_telemetry::metrics::render(&self.registry, scraped)
+    }
+}
+
+/// What the store reports at scrape time.
+#[derive(Debug, Clone, Default)]
+pub struct StoreView {
+    /// Its counters and sizes.
+    pub stats: Stats,
+    /// Write leases held.
+    pub leases: usize,
+    /// Arena slot size (0 until the first value).
+    pub slot_size: u64,
+}
+
+fn render_store(out: &mut ScrapeValues, store: &StoreView) {
+    let stats = &store.stats;
+    for (name, help, v) in [
+        ("infera_kvd_entries", "Entries held in RAM.", stats.entries),
+        (
             "infera_kvd_bytes",
             "RAM held: arena slots, leased slots and spilled values.",
-            "gauge",
             stats.host_bytes,
-        );
-        gauge(
+        ),
+        (
             "infera_kvd_spillover_bytes",
             "Values held outside the arena (larger than a slot).",
-            "gauge",
             stats.spillover_bytes,
-        );
-        gauge(
+        ),
+        (
             "infera_kvd_long_bytes",
             "Bytes of long-retention entries.",
-            "gauge",
             stats.long_bytes,
-        );
-        gauge(
+        ),
+        (
             "infera_kvd_leases",
             "Write leases held by clients.",
-            "gauge",
-            leases as u64,
-        );
-        gauge(
+            store.leases as u64,
+        ),
+        (
             "infera_kvd_slot_size_bytes",
             "Arena slot size (0 until the first value).",
-            "gauge",
-            slot_size,
-        );
-        gauge(
-            "infera_kvd_gets_total",
-            "Keys asked for.",
-            "counter",
-            stats.gets_total,
-        );
-        gauge(
-            "infera_kvd_sets_total",
-            "Values offered.",
-            "counter",
-            stats.sets_total,
-        );
-        gauge(
+            store.slot_size,
+        ),
+    ] {
+        out.gauge(name, help, v);
+    }
+    for (name, help, v) in [
+        ("infera_kvd_gets_total", "Keys asked for.", stats.gets_total),
+        ("infera_kvd_sets_total", "Values offered.", stats.sets_total),
+        (
             "infera_kvd_hits_total",
             "Keys found (tier ram).",
-            "counter",
             stats.hits_total,
-        );
-        gauge(
+        ),
+        (
             "infera_kvd_misses_total",
             "Keys not found.",
-            "counter",
             stats.misses_total,
-        );
-        gauge(
+        ),
+        (
             "infera_kvd_evictions_total",
             "Entries evicted to make room.",
-            "counter",
             stats.evictions_total,
-        );
-        let _ = writeln!(
-            out,
-            "# HELP infera_kvd_rejections_total Writes refused, by reason.\n# TYPE infera_kvd_rejections_total counter"
-        );
-        if let Ok(r) = self.rejections.lock() {
-            for (reason, n) in r.iter() {
-                let reason = reason.replace('"', "'");
-                let _ = writeln!(
-                    out,
-                    "infera_kvd_rejections_total{{reason=\"{reason}\"}} {n}"
-                );
-            }
-        }
-        let _ = writeln!(
-            out,
-            "# HELP infera_kvd_errors_total Error replies, by code.\n# TYPE infera_kvd_errors_total counter"
-        );
-        if let Ok(e) = self.errors.lock() {
-            for (code, n) in e.iter() {
-                let _ = writeln!(out, "infera_kvd_errors_total{{code=\"{code}\"}} {n}");
-            }
-        }
-        let _ = writeln!(
-            out,
-            "# HELP infera_kvd_op_duration_seconds Time to serve one op.\n# TYPE infera_kvd_op_duration_seconds histogram"
-        );
-        if let Ok(ops) = self.ops.lock() {
-            for (op, h) in ops.iter() {
-                for (bound, n) in BUCKETS.iter().zip(h.buckets.iter()) {
-                    let _ = writeln!(
-                        out,
-                        "infera_kvd_op_duration_seconds_bucket{{op=\"{op}\",le=\"{bound}\"}} {n}"
-                    );
-                }
-                let _ = writeln!(
-                    out,
-                    "infera_kvd_op_duration_seconds_bucket{{op=\"{op}\",le=\"+Inf\"}} {}",
-                    h.count
-                );
-                let _ = writeln!(
-                    out,
-                    "infera_kvd_op_duration_seconds_sum{{op=\"{op}\"}} {}",
-                    h.sum
-                );
-                let _ = writeln!(
-                    out,
-                    "infera_kvd_op_duration_seconds_count{{op=\"{op}\"}} {}",
-                    h.count
-                );
-            }
-        }
-        out
+        ),
+    ] {
+        out.counter(name, help, v);
     }
 }
 
-fn family(out: &mut String, name: &str, help: &str, kind: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+fn tier(t: Tier) -> Labels {
+    vec![("tier", t.label().to_owned())]
 }
 
-/// The tiers' part of the exposition: hits per tier (RAM's from `ram`), and for L3/L4
-/// what they read, wrote, evicted, promoted and failed at; then prefetch outcomes.
-pub fn render_tiers(ram: &Stats, lower: &Lower, prefetched: &PrefetchCounters) -> String {
-    let mut out = String::new();
+/// The tiers' part: hits per tier (RAM's from `ram`), and for L3/L4 what they read,
+/// wrote, evicted, promoted and failed at; then prefetch outcomes.
+fn render_tiers(out: &mut ScrapeValues, ram: &Stats, lower: &Lower, prefetched: &PrefetchCounters) {
     let mut tiers: Vec<(Tier, &TierCounters)> = Vec::new();
     if let Some(d) = &lower.disk {
         tiers.push((Tier::Nvme, &d.counters));
@@ -226,184 +199,145 @@ pub fn render_tiers(ram: &Stats, lower: &Lower, prefetched: &PrefetchCounters) -
     }
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     type Pick = fn(&TierCounters) -> &AtomicU64;
-    let counters: [(&str, &str, Pick); 8] = [
-        ("hits_total", "Lookups answered by the tier.", |c| &c.hits),
+    let counters: [(&str, &str, Option<u64>, Pick); 8] = [
+        (
+            "hits_total",
+            "Lookups answered by the tier.",
+            Some(ram.hits_total),
+            |c| &c.hits,
+        ),
         (
             "misses_total",
             "Lookups the tier did not answer (failures included).",
+            Some(ram.misses_total),
             |c| &c.misses,
         ),
-        ("read_bytes_total", "Bytes read for hits.", |c| {
+        ("read_bytes_total", "Bytes read for hits.", None, |c| {
             &c.read_bytes
         }),
-        ("writes_total", "Entries written to the tier.", |c| {
+        ("writes_total", "Entries written to the tier.", None, |c| {
             &c.writes
         }),
-        ("write_bytes_total", "Bytes written to the tier.", |c| {
-            &c.write_bytes
-        }),
+        (
+            "write_bytes_total",
+            "Bytes written to the tier.",
+            None,
+            |c| &c.write_bytes,
+        ),
         (
             "evictions_total",
             "Entries evicted from the tier to make room.",
+            Some(ram.evictions_total),
             |c| &c.evictions,
         ),
         (
             "promotions_total",
             "Entries brought up into RAM after a hit in the tier.",
+            None,
             |c| &c.promotions,
         ),
         (
             "read_nanoseconds_total",
             "Time spent reading hits, in nanoseconds.",
+            None,
             |c| &c.read_nanos,
         ),
     ];
-    for (suffix, help, pick) in counters {
-        let name = format!("infera_kvd_tier_{suffix}");
-        family(&mut out, &name, help, "counter");
-        if suffix == "hits_total" {
-            let _ = writeln!(out, "{name}{{tier=\"ram\"}} {}", ram.hits_total);
-        }
-        if suffix == "misses_total" {
-            let _ = writeln!(out, "{name}{{tier=\"ram\"}} {}", ram.misses_total);
-        }
-        if suffix == "evictions_total" {
-            let _ = writeln!(out, "{name}{{tier=\"ram\"}} {}", ram.evictions_total);
-        }
-        for (tier, c) in &tiers {
-            let _ = writeln!(out, "{name}{{tier=\"{}\"}} {}", tier.label(), load(pick(c)));
-        }
+    for (suffix, help, in_ram, pick) in counters {
+        let ram_sample = in_ram.map(|v| (tier(Tier::Ram), v));
+        let lower_samples = tiers.iter().map(|(t, c)| (tier(*t), load(pick(c))));
+        out.counter_family(
+            &format!("infera_kvd_tier_{suffix}"),
+            help,
+            ram_sample.into_iter().chain(lower_samples),
+        );
     }
-    family(
-        &mut out,
+    out.counter_family(
         "infera_kvd_tier_failures_total",
         "Tier operations that failed and became misses or dropped writes, by op and reason.",
-        "counter",
+        tiers.iter().flat_map(|(t, c)| {
+            c.failures().into_iter().map(move |((op, reason), n)| {
+                let labels = vec![
+                    ("tier", t.label().to_owned()),
+                    ("op", op.to_owned()),
+                    ("reason", reason.to_owned()),
+                ];
+                (labels, n)
+            })
+        }),
     );
-    for (tier, c) in &tiers {
-        for ((op, reason), n) in c.failures() {
-            let _ = writeln!(
-                out,
-                "infera_kvd_tier_failures_total{{tier=\"{}\",op=\"{op}\",reason=\"{reason}\"}} {n}",
-                tier.label()
-            );
-        }
-    }
     let disk = lower.disk.as_ref().map(|d| d.report());
-    family(
-        &mut out,
+    out.gauge_family(
         "infera_kvd_tier_entries",
         "Entries held by the tier.",
-        "gauge",
+        std::iter::once((tier(Tier::Ram), ram.entries))
+            .chain(disk.as_ref().map(|r| (tier(Tier::Nvme), r.entries))),
     );
-    let _ = writeln!(
-        out,
-        "infera_kvd_tier_entries{{tier=\"ram\"}} {}",
-        ram.entries
-    );
-    if let Some(r) = &disk {
-        let _ = writeln!(
-            out,
-            "infera_kvd_tier_entries{{tier=\"nvme\"}} {}",
-            r.entries
-        );
-    }
-    family(
-        &mut out,
+    out.gauge_family(
         "infera_kvd_tier_bytes",
         "Bytes held by the tier.",
-        "gauge",
+        std::iter::once((tier(Tier::Ram), ram.host_bytes))
+            .chain(disk.as_ref().map(|r| (tier(Tier::Nvme), r.bytes))),
     );
-    let _ = writeln!(
-        out,
-        "infera_kvd_tier_bytes{{tier=\"ram\"}} {}",
-        ram.host_bytes
-    );
-    if let Some(r) = &disk {
-        let _ = writeln!(out, "infera_kvd_tier_bytes{{tier=\"nvme\"}} {}", r.bytes);
-    }
-    family(
-        &mut out,
+    out.gauge_family(
         "infera_kvd_tier_queued_writes",
         "Writes waiting for the tier.",
-        "gauge",
+        disk.as_ref()
+            .map(|r| (tier(Tier::Nvme), r.queued as u64))
+            .into_iter()
+            .chain(
+                lower
+                    .remote
+                    .as_ref()
+                    .map(|r| (tier(Tier::Remote), r.queued() as u64)),
+            ),
     );
     if let Some(r) = &disk {
-        let _ = writeln!(
-            out,
-            "infera_kvd_tier_queued_writes{{tier=\"nvme\"}} {}",
-            r.queued
+        out.gauge(
+            "infera_kvd_nvme_capacity_bytes",
+            "Container bytes over all devices.",
+            r.capacity,
         );
-    }
-    if let Some(r) = &lower.remote {
-        let _ = writeln!(
-            out,
-            "infera_kvd_tier_queued_writes{{tier=\"remote\"}} {}",
-            r.queued()
+        out.gauge(
+            "infera_kvd_nvme_journal_bytes",
+            "Journal bytes over all devices.",
+            r.journal_bytes,
         );
-    }
-    if let Some(r) = &disk {
-        for (name, help, v) in [
-            (
-                "infera_kvd_nvme_capacity_bytes",
-                "Container bytes over all devices.",
-                r.capacity,
-            ),
-            (
-                "infera_kvd_nvme_journal_bytes",
-                "Journal bytes over all devices.",
-                r.journal_bytes,
-            ),
-            (
-                "infera_kvd_nvme_slot_size_bytes",
-                "NVMe slot size (0 until the first write).",
-                r.slot_size,
-            ),
-        ] {
-            family(&mut out, name, help, "gauge");
-            let _ = writeln!(out, "{name} {v}");
-        }
-        family(
-            &mut out,
+        out.gauge(
+            "infera_kvd_nvme_slot_size_bytes",
+            "NVMe slot size (0 until the first write).",
+            r.slot_size,
+        );
+        out.gauge_family(
             "infera_kvd_nvme_devices",
             "NVMe tier devices, by I/O mode.",
-            "gauge",
-        );
-        let _ = writeln!(out, "infera_kvd_nvme_devices{{io=\"direct\"}} {}", r.direct);
-        let _ = writeln!(
-            out,
-            "infera_kvd_nvme_devices{{io=\"buffered\"}} {}",
-            r.devices - r.direct
+            [
+                (vec![("io", "direct".to_owned())], r.direct as u64),
+                (
+                    vec![("io", "buffered".to_owned())],
+                    (r.devices - r.direct) as u64,
+                ),
+            ],
         );
     }
     if let Some(r) = &lower.remote {
-        family(
-            &mut out,
+        out.gauge(
             "infera_kvd_remote_up",
             "0 while the distributed store is skipped after a failure.",
-            "gauge",
+            i64::from(!r.is_down()),
         );
-        let _ = writeln!(out, "infera_kvd_remote_up {}", u8::from(!r.is_down()));
     }
-    family(
-        &mut out,
+    out.counter_family(
         "infera_kvd_prefetch_keys_total",
         "prefetch_hint keys by outcome.",
-        "counter",
+        [
+            ("warmed", &prefetched.warmed),
+            ("present", &prefetched.present),
+            ("missing", &prefetched.missing),
+            ("late", &prefetched.late),
+            ("dropped", &prefetched.dropped),
+            ("refused", &prefetched.refused),
+        ]
+        .map(|(outcome, n)| (vec![("outcome", outcome.to_owned())], load(n))),
     );
-    for (outcome, n) in [
-        ("warmed", &prefetched.warmed),
-        ("present", &prefetched.present),
-        ("missing", &prefetched.missing),
-        ("late", &prefetched.late),
-        ("dropped", &prefetched.dropped),
-        ("refused", &prefetched.refused),
-    ] {
-        let _ = writeln!(
-            out,
-            "infera_kvd_prefetch_keys_total{{outcome=\"{outcome}\"}} {}",
-            load(n)
-        );
-    }
-    out
 }

@@ -155,7 +155,15 @@ async fn serve_probes(addr: SocketAddr, metrics: Arc<Metrics>) -> Result<(), Str
             "/metrics",
             get(move || {
                 let m = metrics.clone();
-                async move { m.render() }
+                async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            infera_telemetry::metrics::CONTENT_TYPE,
+                        )],
+                        m.render(),
+                    )
+                }
             }),
         );
     tokio::spawn(async move {
@@ -176,19 +184,14 @@ fn identity() -> String {
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_runtime=warn"));
-    if cli.log_json {
-        tracing_subscriber::fmt()
-            .json()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .init();
-    } else {
-        tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .init();
+    let telemetry = infera_telemetry::init(infera_telemetry::LogOptions {
+        service: "infera-operator",
+        default_filter: "info,kube_runtime=warn".into(),
+        json: cli.log_json,
+        ..Default::default()
+    });
+    if let Err(e) = &telemetry {
+        eprintln!("infera-operator: {e}");
     }
     std::process::exit(run(cli).await);
 }

@@ -411,7 +411,7 @@ async fn metrics(State(s): State<Shared>) -> Response {
     (
         [(
             header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
+            infera_telemetry::metrics::CONTENT_TYPE,
         )],
         render_metrics(&s),
     )

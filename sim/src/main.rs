@@ -16,13 +16,11 @@ async fn main() {
 }
 
 async fn run() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let _telemetry = infera_telemetry::init(infera_telemetry::LogOptions {
+        service: "infera-sim",
+        default_filter: "info".into(),
+        ..Default::default()
+    })?;
     let (cli, ignored) = match parse_lenient(std::env::args().collect()) {
         Ok(parsed) => parsed,
         Err(e) => e.exit(),

@@ -1,18 +1,14 @@
-//! `/metrics` in the Prometheus text format, with the imitated engine's metric names
-//! (`vllm:num_requests_running`, `vllm:cache_config_info{block_size=...}`,
-//! `sglang:num_running_reqs`, ...), so sidecars and dashboards read the simulator as
-//! they read a real engine.
+//! `/metrics` with the imitated engine's metric names (`vllm:num_requests_running`,
+//! `vllm:cache_config_info{block_size=...}`, `sglang:num_running_reqs`, ...), so
+//! sidecars and dashboards read the simulator as they read a real engine. Every value
+//! is read at scrape time and written through `prometheus-client`
+//! ([`infera_telemetry::metrics`]).
 
 use crate::api::WorkerState;
 use infera_proto::worker::EngineKind;
-use std::fmt::Write;
+use infera_telemetry::metrics::{Labels, ScrapeValues};
+use prometheus_client::registry::Registry;
 use std::sync::atomic::Ordering;
-
-fn metric(out: &mut String, name: &str, kind: &str, help: &str, labels: &str, value: f64) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-    let _ = writeln!(out, "{name}{{{labels}}} {value}");
-}
 
 /// Renders the worker's metrics.
 pub fn render_metrics(s: &WorkerState) -> String {
@@ -29,106 +25,85 @@ pub fn render_metrics(s: &WorkerState) -> String {
     } else {
         stats.used_blocks as f64 / stats.total_blocks as f64
     };
-    let model = format!("model_name=\"{}\"", s.model);
+    let model = || -> Labels { vec![("model_name", s.model.clone())] };
     let (running, waiting, usage_name) = s.flavor.load_metric_names();
-    let mut out = String::new();
-    metric(
+    let mut out = ScrapeValues::default();
+    let gauge = |out: &mut ScrapeValues, name: &str, help: &str, v: f64| {
+        out.gauge_family(name, help, [(model(), v)]);
+    };
+    gauge(
         &mut out,
         running,
-        "gauge",
         "Requests running on the engine.",
-        &model,
         stats.running as f64,
     );
-    metric(
+    gauge(
         &mut out,
         waiting,
-        "gauge",
         "Requests waiting to be scheduled.",
-        &model,
         stats.waiting as f64,
     );
-    metric(
+    gauge(
         &mut out,
         usage_name,
-        "gauge",
         "Fraction of KV cache blocks in use.",
-        &model,
         usage,
     );
-    let prompt = c.prompt_tokens.load(Ordering::Relaxed) as f64;
-    let generated = c.generation_tokens.load(Ordering::Relaxed) as f64;
-    let finished = c.finished.load(Ordering::Relaxed) as f64;
+    let counter = |out: &mut ScrapeValues, name: &str, help: &str, v: u64| {
+        out.counter_family(name, help, [(model(), v)]);
+    };
+    let prompt = c.prompt_tokens.load(Ordering::Relaxed);
+    let generated = c.generation_tokens.load(Ordering::Relaxed);
+    let finished = c.finished.load(Ordering::Relaxed);
     match s.flavor.0 {
         EngineKind::Vllm | EngineKind::Atom => {
-            metric(
+            gauge(
                 &mut out,
                 "vllm:gpu_cache_usage_perc",
-                "gauge",
                 "Fraction of KV cache blocks in use (legacy name).",
-                &model,
                 usage,
             );
-            let info = format!(
-                "block_size=\"{}\",num_gpu_blocks=\"{}\",cache_dtype=\"fp8\",enable_prefix_caching=\"True\"",
-                s.block_size, stats.total_blocks
-            );
-            metric(
-                &mut out,
+            let info = vec![
+                ("block_size", s.block_size.to_string()),
+                ("num_gpu_blocks", stats.total_blocks.to_string()),
+                ("cache_dtype", "fp8".to_owned()),
+                ("enable_prefix_caching", "True".to_owned()),
+            ];
+            out.gauge_family(
                 "vllm:cache_config_info",
-                "gauge",
                 "Information of the KV cache configuration.",
-                &info,
-                1.0,
+                [(info, 1.0)],
             );
-            metric(
-                &mut out,
-                "vllm:prefix_cache_queries_total",
-                "counter",
-                "Prompt tokens looked up in the prefix cache.",
-                &model,
-                stats.prefix_queries_tokens as f64,
-            );
-            metric(
-                &mut out,
-                "vllm:prefix_cache_hits_total",
-                "counter",
-                "Prompt tokens found in the prefix cache.",
-                &model,
-                stats.prefix_hit_tokens as f64,
-            );
-            metric(
-                &mut out,
-                "vllm:prompt_tokens_total",
-                "counter",
-                "Prompt tokens processed.",
-                &model,
-                prompt,
-            );
-            metric(
-                &mut out,
-                "vllm:generation_tokens_total",
-                "counter",
-                "Tokens generated.",
-                &model,
-                generated,
-            );
-            metric(
-                &mut out,
-                "vllm:request_success_total",
-                "counter",
-                "Requests finished.",
-                &model,
-                finished,
-            );
-            metric(
-                &mut out,
-                "vllm:num_preemptions_total",
-                "counter",
-                "Requests preempted.",
-                &model,
-                stats.preemptions as f64,
-            );
+            for (name, help, v) in [
+                (
+                    "vllm:prefix_cache_queries_total",
+                    "Prompt tokens looked up in the prefix cache.",
+                    stats.prefix_queries_tokens,
+                ),
+                (
+                    "vllm:prefix_cache_hits_total",
+                    "Prompt tokens found in the prefix cache.",
+                    stats.prefix_hit_tokens,
+                ),
+                (
+                    "vllm:prompt_tokens_total",
+                    "Prompt tokens processed.",
+                    prompt,
+                ),
+                (
+                    "vllm:generation_tokens_total",
+                    "Tokens generated.",
+                    generated,
+                ),
+                ("vllm:request_success_total", "Requests finished.", finished),
+                (
+                    "vllm:num_preemptions_total",
+                    "Requests preempted.",
+                    stats.preemptions,
+                ),
+            ] {
+                counter(&mut out, name, help, v as u64);
+            }
         }
         EngineKind::Sglang => {
             let hit_rate = if stats.prefix_queries_tokens == 0 {
@@ -136,55 +111,40 @@ pub fn render_metrics(s: &WorkerState) -> String {
             } else {
                 stats.prefix_hit_tokens as f64 / stats.prefix_queries_tokens as f64
             };
-            metric(
+            gauge(
                 &mut out,
                 "sglang:cache_hit_rate",
-                "gauge",
                 "Prefix cache hit rate.",
-                &model,
                 hit_rate,
             );
-            metric(
-                &mut out,
-                "sglang:prompt_tokens_total",
-                "counter",
-                "Prompt tokens processed.",
-                &model,
-                prompt,
-            );
-            metric(
-                &mut out,
-                "sglang:generation_tokens_total",
-                "counter",
-                "Tokens generated.",
-                &model,
-                generated,
-            );
-            metric(
-                &mut out,
-                "sglang:num_requests_total",
-                "counter",
-                "Requests finished.",
-                &model,
-                finished,
-            );
+            for (name, help, v) in [
+                (
+                    "sglang:prompt_tokens_total",
+                    "Prompt tokens processed.",
+                    prompt,
+                ),
+                (
+                    "sglang:generation_tokens_total",
+                    "Tokens generated.",
+                    generated,
+                ),
+                ("sglang:num_requests_total", "Requests finished.", finished),
+            ] {
+                counter(&mut out, name, help, v);
+            }
         }
     }
-    metric(
+    counter(
         &mut out,
         "infera_sim_evictions_total",
-        "counter",
         "Cached KV blocks evicted.",
-        &model,
-        stats.evictions as f64,
+        stats.evictions as u64,
     );
-    metric(
+    counter(
         &mut out,
         "infera_sim_aborted_requests_total",
-        "counter",
         "Requests aborted because the client went away.",
-        &model,
-        c.aborted.load(Ordering::Relaxed) as f64,
+        c.aborted.load(Ordering::Relaxed),
     );
-    out
+    infera_telemetry::metrics::render(&Registry::default(), out)
 }

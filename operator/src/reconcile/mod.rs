@@ -222,9 +222,7 @@ async fn apply_all(
             applied.push(a);
         }
     }
-    ctx.metrics
-        .applies
-        .fetch_add(applied.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    ctx.metrics.record_applies(applied.len());
     let problem = (!lws).then(|| {
         (
             "LeaderWorkerSetMissing".to_owned(),
