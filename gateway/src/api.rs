@@ -24,10 +24,12 @@ use futures::StreamExt;
 use infera_proto::error_class::{ApiError, ErrorClass};
 use infera_proto::retention::{Retention, parse_retention_hint};
 use infera_proto::worker::{WorkerRecord, WorkerStatus};
+use infera_telemetry::propagation::TraceContext;
 use serde_json::{Map, Value, json};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 type Shared = Arc<Gateway>;
 
@@ -268,10 +270,9 @@ fn default_model(gw: &Gateway) -> Option<String> {
         .flatten()
 }
 
-/// How a request is to be routed.
+/// What a request's body says about its routing.
 #[derive(Debug, Clone, Copy)]
 struct RouteInput {
-    kind: ApiKind,
     /// The client's explicit hint (it sets the kv-aware weight).
     hint: Option<Retention>,
     /// What engines are told (the hint, or the default).
@@ -283,7 +284,6 @@ struct RouteInput {
 /// The hint a request carries and the retention to forward.
 fn route_input(
     gw: &Gateway,
-    kind: ApiKind,
     body: &Map<String, Value>,
     body_bytes: usize,
 ) -> Result<RouteInput, ApiError> {
@@ -294,7 +294,6 @@ fn route_input(
         gw.metrics.record_cache_control(h.as_str());
     }
     Ok(RouteInput {
-        kind,
         hint,
         retention: hint.unwrap_or(gw.default_retention),
         body_bytes,
@@ -302,23 +301,55 @@ fn route_input(
 }
 
 async fn chat(State(gw): State<Shared>, headers: HeaderMap, body: Body) -> Response {
-    openai(gw, ApiKind::Chat, headers, body).await
+    let (span, rid, trace) = request_span(ApiKind::Chat.path(), &headers);
+    openai(gw, ApiKind::Chat, headers, body, rid, trace)
+        .instrument(span)
+        .await
 }
 
 async fn completions(State(gw): State<Shared>, headers: HeaderMap, body: Body) -> Response {
-    openai(gw, ApiKind::Completions, headers, body).await
+    let (span, rid, trace) = request_span(ApiKind::Completions.path(), &headers);
+    openai(gw, ApiKind::Completions, headers, body, rid, trace)
+        .instrument(span)
+        .await
 }
 
-async fn openai(gw: Shared, kind: ApiKind, headers: HeaderMap, body: Body) -> Response {
+/// A served request's span (it ends when the answer's last byte is relayed), its id,
+/// and the client's trace context, which the span continues when spans are exported.
+fn request_span(path: &str, headers: &HeaderMap) -> (tracing::Span, String, TraceContext) {
+    let rid = request_id(headers);
+    let span = tracing::info_span!(
+        "request",
+        otel.name = %format_args!("POST {path}"),
+        otel.kind = "server",
+        request_id = %rid,
+        model = tracing::field::Empty,
+        router = tracing::field::Empty,
+        worker = tracing::field::Empty,
+        prefill_worker = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    let trace = TraceContext::adopt(&span, headers);
+    (span, rid, trace)
+}
+
+async fn openai(
+    gw: Shared,
+    kind: ApiKind,
+    headers: HeaderMap,
+    body: Body,
+    rid: String,
+    trace: TraceContext,
+) -> Response {
     let started = Instant::now();
-    let rid = request_id(&headers);
     let prepared = async {
         let bytes = read_body(&gw, &headers, body).await?;
         let model = default_model(&gw);
         let (body, info) = off_workers(bytes.len(), || {
             validate_request(kind, &bytes, model.as_deref())
         })?;
-        let input = route_input(&gw, kind, &body, bytes.len())?;
+        let input = route_input(&gw, &body, bytes.len())?;
         drop(bytes);
         Ok::<_, ApiError>((body, info, input))
     }
@@ -331,7 +362,15 @@ async fn openai(gw: Shared, kind: ApiKind, headers: HeaderMap, body: Body) -> Re
             return error_response(&e, Shape::OpenAi, &rid);
         }
     };
-    match route_and_forward(&gw, &headers, &body, &info.model, input, &rid, started).await {
+    let request = Outbound {
+        kind,
+        body: &body,
+        body_bytes: input.body_bytes,
+        retention: input.retention,
+        request_id: &rid,
+        trace: &trace,
+    };
+    match route_and_forward(&gw, &headers, &info.model, input.hint, &request, started).await {
         Ok(forwarded) => relay_response(forwarded, &gw.upstream, &rid),
         Err(e) => error_response(&e, Shape::OpenAi, &rid),
     }
@@ -368,12 +407,12 @@ fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
 async fn route_and_forward(
     gw: &Gateway,
     headers: &HeaderMap,
-    body: &Map<String, Value>,
     model: &str,
-    input: RouteInput,
-    rid: &str,
+    hint: Option<Retention>,
+    request: &Outbound<'_>,
     started: Instant,
 ) -> Result<Forwarded, ApiError> {
+    tracing::Span::current().record("model", model);
     let pins = if gw.cfg.router_mode == RouterMode::Direct {
         Pins {
             worker: header_str(headers, WORKER_PIN_HEADER),
@@ -383,33 +422,41 @@ async fn route_and_forward(
         Pins::default()
     };
     let snapshot = gw.registry.snapshot();
-    let plan = plan(&snapshot, model, pins).map_err(|e| {
-        gw.metrics
-            .request_rejected("mixed", Outcome::NoWorker, started);
-        e.to_api_error()
+    let (plan, routing) = tracing::info_span!("route").in_scope(|| {
+        let plan = plan(&snapshot, model, pins).map_err(|e| {
+            gw.metrics
+                .request_rejected("mixed", Outcome::NoWorker, started);
+            e.to_api_error()
+        })?;
+        let routing = gw.routing.for_request(
+            RoutingInput {
+                kind: request.kind,
+                body: request.body,
+                body_bytes: request.body_bytes,
+                hint,
+            },
+            plan.targets(),
+        );
+        Ok::<_, ApiError>((plan, routing))
     })?;
-    let routing = gw.routing.for_request(
-        RoutingInput {
-            kind: input.kind,
-            body,
-            body_bytes: input.body_bytes,
-            hint: input.hint,
-        },
-        plan.targets(),
-    );
-    let request = Outbound {
-        kind: input.kind,
-        body,
-        body_bytes: input.body_bytes,
-        retention: input.retention,
-        request_id: rid,
-    };
-    forward(&gw.upstream, &plan, &routing, &request, started).await
+    forward(&gw.upstream, &plan, &routing, request, started).await
 }
 
 async fn messages(State(gw): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+    let (span, rid, trace) = request_span("/v1/messages", &headers);
+    anthropic_messages(gw, headers, body, rid, trace)
+        .instrument(span)
+        .await
+}
+
+async fn anthropic_messages(
+    gw: Shared,
+    headers: HeaderMap,
+    body: Body,
+    rid: String,
+    trace: TraceContext,
+) -> Response {
     let started = Instant::now();
-    let rid = request_id(&headers);
     let prepared = async {
         let bytes = read_body(&gw, &headers, body).await?;
         let (original, chat) = off_workers(bytes.len(), || {
@@ -425,7 +472,7 @@ async fn messages(State(gw): State<Shared>, headers: HeaderMap, body: Body) -> R
         // build_chat_request refuses anything but an object.
         let empty = Map::new();
         let object = original.as_object().unwrap_or(&empty);
-        let input = route_input(&gw, ApiKind::Chat, object, bytes.len())?;
+        let input = route_input(&gw, object, bytes.len())?;
         Ok::<_, ApiError>((chat, input))
     }
     .await;
@@ -443,11 +490,19 @@ async fn messages(State(gw): State<Shared>, headers: HeaderMap, body: Body) -> R
         .unwrap_or_default()
         .to_owned();
     let stream = chat.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    let answered = match route_and_forward(&gw, &headers, &chat, &model, input, &rid, started).await
-    {
-        Ok(forwarded) => anthropic::answer(forwarded, &gw.upstream, &model, &rid, stream).await,
-        Err(e) => Err(e),
+    let request = Outbound {
+        kind: ApiKind::Chat,
+        body: &chat,
+        body_bytes: input.body_bytes,
+        retention: input.retention,
+        request_id: &rid,
+        trace: &trace,
     };
+    let answered =
+        match route_and_forward(&gw, &headers, &model, input.hint, &request, started).await {
+            Ok(forwarded) => anthropic::answer(forwarded, &gw.upstream, &model, &rid, stream).await,
+            Err(e) => Err(e),
+        };
     match answered {
         Ok(resp) => with_request_id(resp, &rid),
         Err(e) => error_response(&e, Shape::Anthropic, &rid),

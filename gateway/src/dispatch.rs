@@ -13,9 +13,11 @@ use crate::routing::{Selection, Selector};
 use bytes::Bytes;
 use infera_proto::error_class::{ApiError, ErrorClass};
 use infera_proto::retention::{Retention, retention_fields};
+use infera_telemetry::propagation::TraceContext;
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value};
 use std::time::Instant;
+use tracing::Instrument;
 
 /// A worker's answer, headers received.
 #[derive(Debug)]
@@ -66,20 +68,37 @@ impl Serialize for WithFields<'_> {
     }
 }
 
-/// A POST of `body` to `path` on `target`, with the request id.
+/// The client span of one request to a worker: the engine's spans continue it.
+pub fn send_span(role: &'static str, target: &Target, path: &str) -> tracing::Span {
+    tracing::info_span!(
+        "send",
+        otel.name = %format_args!("POST {path}"),
+        otel.kind = "client",
+        role,
+        worker = %target.record.worker_id,
+        http.status_code = tracing::field::Empty,
+    )
+}
+
+/// A POST of `body` to `path` on `target`, with the request id and the trace context
+/// of `span`.
 pub fn build_post(
     upstream: &Upstream,
     target: &Target,
     path: &str,
-    request_id: &str,
+    request: (&str, &TraceContext, &tracing::Span),
     body: Bytes,
 ) -> reqwest::RequestBuilder {
-    upstream
+    let (request_id, trace, span) = request;
+    let mut post = upstream
         .client
         .post(url_for(target, path))
         .header("content-type", "application/json")
-        .header(crate::api::REQUEST_ID_HEADER, request_id)
-        .body(body)
+        .header(crate::api::REQUEST_ID_HEADER, request_id);
+    for (name, value) in trace.upstream_headers(span) {
+        post = post.header(name, value);
+    }
+    post.body(body)
 }
 
 /// Sends `request` to one of `candidates` (each attempt's target chosen by `selector`
@@ -110,12 +129,19 @@ pub async fn send_with_failover(
         let body = off_workers(request.body_bytes, || {
             body_for(&target, request.body, request.retention)
         });
-        let mut post = build_post(upstream, &target, request.kind.path(), request_id, body);
+        let span = send_span(selector.role(), &target, request.kind.path());
+        let mut post = build_post(
+            upstream,
+            &target,
+            request.kind.path(),
+            (request_id, request.trace, &span),
+            body,
+        );
         if let Some(rank) = target.dp_rank {
             post = post.header("x-data-parallel-rank", rank.to_string());
         }
         let answer = tokio::select! {
-            answer = tokio::time::timeout(upstream.request_timeout, post.send()) => answer,
+            answer = tokio::time::timeout(upstream.request_timeout, post.send()).instrument(span.clone()) => answer,
             stalled = stall_error(&upstream.breakers, "worker", &worker) => {
                 // A hung engine: try another, as for one that cannot be reached.
                 tracing::warn!(worker = %worker, request_id, "{}", stalled.message);
@@ -123,6 +149,9 @@ pub async fn send_with_failover(
                 continue;
             }
         };
+        if let Ok(Ok(response)) = &answer {
+            span.record("http.status_code", response.status().as_u16());
+        }
         match answer {
             Err(_) => {
                 upstream.breakers.on_failure(&worker, Instant::now());

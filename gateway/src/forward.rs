@@ -20,6 +20,7 @@ use crate::validate::ApiKind;
 use infera_proto::error_class::{ApiError, ErrorClass};
 use infera_proto::pd::PdProtocol;
 use infera_proto::retention::Retention;
+use infera_telemetry::propagation::TraceContext;
 use serde_json::{Map, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -78,6 +79,8 @@ pub struct Outbound<'a> {
     pub retention: Retention,
     /// Sent to workers as `x-infera-request-id`.
     pub request_id: &'a str,
+    /// The client's trace context, continued on every request to a worker.
+    pub trace: &'a TraceContext,
 }
 
 /// A worker's response on its way to the client, with the request's bookkeeping.
@@ -110,7 +113,9 @@ pub async fn forward(
     request: &Outbound<'_>,
     started: Instant,
 ) -> Result<Forwarded, ApiError> {
-    let mut guard = RequestGuard::new(upstream.metrics.clone(), plan.router(), started);
+    let span = tracing::Span::current();
+    span.record("router", plan.router());
+    let mut guard = RequestGuard::new(upstream.metrics.clone(), plan.router(), started, span);
     let sent = match plan {
         Plan::Mixed(candidates) => {
             send_mixed(upstream, routing, candidates, request, &mut guard).await
@@ -151,6 +156,7 @@ async fn send_mixed(
     guard.kv_charges.extend(sent.charge);
     let worker = sent.target.record.worker_id.clone();
     guard.hold(&upstream.inflight, &worker);
+    guard.span.record("worker", worker.as_str());
     Ok((sent.response, worker, None))
 }
 
@@ -182,6 +188,10 @@ async fn send_disagg(
         ids: PdIds::random(&p),
         retention: request.retention,
     };
+    guard.span.record("worker", d.record.worker_id.as_str());
+    guard
+        .span
+        .record("prefill_worker", p.record.worker_id.as_str());
     let opened = send_pair(upstream, &pair, request).await?;
     Ok((opened.response, d.record.worker_id.clone(), opened.abort))
 }

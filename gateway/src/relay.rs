@@ -15,6 +15,7 @@ use bytes::Bytes;
 use futures::{FutureExt, Stream, StreamExt};
 use infera_proto::error_class::{ApiError, ErrorClass};
 use infera_proto::pd::PdProtocol;
+use infera_telemetry::logging::SPAN_EVENTS;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -42,11 +43,19 @@ pub struct RequestGuard {
     pub kv_charges: Vec<crate::kv_router::KvCharge>,
     /// The connector of a prefill/decode request.
     pub pd_protocol: Option<PdProtocol>,
+    /// The request's span: it ends (is exported) when the guard drops.
+    pub span: tracing::Span,
 }
 
 impl RequestGuard {
-    /// A guard for a request routed by `router`, cancelled until told otherwise.
-    pub fn new(metrics: Arc<Metrics>, router: &'static str, started: Instant) -> Self {
+    /// A guard for a request routed by `router` within `span`, cancelled until told
+    /// otherwise.
+    pub fn new(
+        metrics: Arc<Metrics>,
+        router: &'static str,
+        started: Instant,
+        span: tracing::Span,
+    ) -> Self {
         metrics.request_started(router);
         Self {
             metrics,
@@ -56,6 +65,7 @@ impl RequestGuard {
             inflight: Vec::new(),
             kv_charges: Vec::new(),
             pd_protocol: None,
+            span,
         }
     }
 }
@@ -88,6 +98,12 @@ impl Drop for RequestGuard {
         if let Some(protocol) = self.pd_protocol {
             self.metrics.record_pd_request(protocol, self.outcome);
         }
+        let outcome = self.outcome.name();
+        self.span.record("outcome", outcome);
+        if self.outcome != Outcome::Ok {
+            self.span.record("otel.status_code", "ERROR");
+        }
+        tracing::debug!(target: SPAN_EVENTS, parent: &self.span, outcome, "completion");
         for (inflight, worker) in &self.inflight {
             inflight.release(worker);
         }
@@ -226,10 +242,12 @@ pub fn relay_body(
                 let chunk = gather_ready(chunk, &mut st.upstream, &mut st.pending);
                 let now = Instant::now();
                 match st.last {
-                    None => st
-                        .guard
-                        .metrics
-                        .observe_ttft(now.duration_since(st.guard.started).as_secs_f64()),
+                    None => {
+                        tracing::debug!(target: SPAN_EVENTS, parent: &st.guard.span, "first byte");
+                        st.guard
+                            .metrics
+                            .observe_ttft(now.duration_since(st.guard.started).as_secs_f64())
+                    }
                     Some(prev) => st
                         .guard
                         .metrics

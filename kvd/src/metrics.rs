@@ -283,7 +283,7 @@ fn render_tiers(out: &mut ScrapeValues, ram: &Stats, lower: &Lower, prefetched: 
         "infera_kvd_tier_queued_writes",
         "Writes waiting for the tier.",
         disk.as_ref()
-            .map(|r| (tier(Tier::Nvme), r.queued as u64))
+            .map(|r| (tier(Tier::Nvme), r.queued))
             .into_iter()
             .chain(
                 lower
@@ -312,11 +312,8 @@ fn render_tiers(out: &mut ScrapeValues, ram: &Stats, lower: &Lower, prefetched: 
             "infera_kvd_nvme_devices",
             "NVMe tier devices, by I/O mode.",
             [
-                (vec![("io", "direct".to_owned())], r.direct as u64),
-                (
-                    vec![("io", "buffered".to_owned())],
-                    (r.devices - r.direct) as u64,
-                ),
+                (vec![("io", "direct".to_owned())], r.direct),
+                (vec![("io", "buffered".to_owned())], r.devices - r.direct),
             ],
         );
     }

@@ -63,6 +63,9 @@ pub struct WorkerState {
     pub max_num_batched_tokens: usize,
     /// Most running requests.
     pub max_num_seqs: usize,
+    /// The W3C `traceparent` of the last generation request, as an engine with
+    /// OpenTelemetry tracing would continue it (`GET /sim/trace`).
+    pub last_traceparent: std::sync::Mutex<Option<String>>,
 }
 
 type Shared = Arc<WorkerState>;
@@ -86,6 +89,7 @@ pub fn build_router(state: Shared) -> Router {
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/flush_cache", post(reset_prefix_cache))
         .route("/sim/faults", get(get_faults).post(set_faults))
+        .route("/sim/trace", get(last_trace))
         // Engines take prompts of any size their context allows (vLLM sets no body
         // limit); axum's 2 MB default would refuse long prompts a real one serves.
         .layer(DefaultBodyLimit::max(SIM_MAX_BODY_BYTES))
@@ -151,7 +155,20 @@ fn prompt_tokens(s: &WorkerState, req: &ParsedRequest) -> Result<Vec<u32>, Rejec
     Ok(tokens)
 }
 
+/// `GET /sim/trace`: `{"traceparent": ...}` of the last generation request (null
+/// without one), for tests that follow a trace from the gateway into the engine.
+async fn last_trace(State(s): State<Shared>) -> Response {
+    let last = s.last_traceparent.lock().ok().and_then(|t| t.clone());
+    axum::Json(serde_json::json!({ "traceparent": last })).into_response()
+}
+
 async fn generate(s: Shared, endpoint: Endpoint, headers: HeaderMap, body: Bytes) -> Response {
+    if let Ok(mut last) = s.last_traceparent.lock() {
+        *last = headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+    }
     if s.faults.take_failure() {
         let r = Rejection {
             status: 500,

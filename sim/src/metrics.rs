@@ -102,7 +102,7 @@ pub fn render_metrics(s: &WorkerState) -> String {
                     stats.preemptions,
                 ),
             ] {
-                counter(&mut out, name, help, v as u64);
+                counter(&mut out, name, help, v);
             }
         }
         EngineKind::Sglang => {
@@ -138,7 +138,7 @@ pub fn render_metrics(s: &WorkerState) -> String {
         &mut out,
         "infera_sim_evictions_total",
         "Cached KV blocks evicted.",
-        stats.evictions as u64,
+        stats.evictions,
     );
     counter(
         &mut out,

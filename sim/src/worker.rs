@@ -143,6 +143,7 @@ pub async fn start_worker(
         kv_blocks: core.kv_blocks,
         max_num_batched_tokens: core.max_num_batched_tokens,
         max_num_seqs: core.max_num_seqs,
+        last_traceparent: Default::default(),
     });
     let (shutdown, mut stop) = watch::channel(false);
     let router = build_router(state.clone());

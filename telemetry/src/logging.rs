@@ -1,7 +1,8 @@
 //! Logging and trace set-up, the same for every binary: logs on stderr (plain or
 //! JSON), filtered by `RUST_LOG` or the binary's default, and, when an OTLP endpoint is
 //! given, every span exported as OpenTelemetry over OTLP/HTTP (protobuf) in batches,
-//! with W3C trace context as the propagator. Export is off by default.
+//! with W3C trace context as the propagator. Export is off by default, and has its own
+//! filter ([`SPAN_EVENTS`]), so `RUST_LOG` changes the logs, not the traces.
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{Protocol, WithExportConfig};
@@ -10,6 +11,8 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer;
+use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -71,8 +74,10 @@ pub fn spans_exported() -> bool {
 
 /// Installs logging (and span export) for the process.
 pub fn init(options: LogOptions) -> Result<Telemetry, TelemetryError> {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(&options.default_filter));
+    let filter = || {
+        EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| EnvFilter::new(&options.default_filter))
+    };
     let provider = match &options.otlp_traces_endpoint {
         Some(endpoint) => Some(build_provider(options.service, endpoint)?),
         None => None,
@@ -81,11 +86,13 @@ pub fn init(options: LogOptions) -> Result<Telemetry, TelemetryError> {
         tracing_opentelemetry::layer()
             .with_tracer(p.tracer(options.service))
             .with_tracked_inactivity(false)
+            .with_filter(filter_fn(exported))
     });
     let json = options.json.then(|| {
         tracing_subscriber::fmt::layer()
             .json()
             .with_writer(std::io::stderr)
+            .with_filter(filter())
     });
     let text = (!options.json).then(|| {
         let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -93,9 +100,9 @@ pub fn init(options: LogOptions) -> Result<Telemetry, TelemetryError> {
             .with_writer(std::io::stderr)
             .with_ansi(terminal)
             .with_target(!options.terse)
+            .with_filter(filter())
     });
     tracing_subscriber::registry()
-        .with(filter)
         .with(json)
         .with(text)
         .with(otel)
@@ -106,6 +113,20 @@ pub fn init(options: LogOptions) -> Result<Telemetry, TelemetryError> {
         EXPORTING.store(true, Ordering::Relaxed);
     }
     Ok(Telemetry { provider })
+}
+
+/// Target of the events that mark a span's moments (first byte, completion): exported
+/// as span events, logged only when `RUST_LOG` asks for them.
+pub const SPAN_EVENTS: &str = "infera::span";
+
+/// What span export sees, whatever the log filter: spans at info and above, the span
+/// events of [`SPAN_EVENTS`], and warnings and errors.
+fn exported(meta: &tracing::Metadata<'_>) -> bool {
+    if meta.is_span() {
+        *meta.level() <= tracing::Level::INFO
+    } else {
+        meta.target() == SPAN_EVENTS || *meta.level() <= tracing::Level::WARN
+    }
 }
 
 fn build_provider(

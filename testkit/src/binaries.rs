@@ -21,6 +21,9 @@ pub enum Binary {
     Helm,
     /// kubectl (the version of the kube-apiserver).
     Kubectl,
+    /// The OpenTelemetry Collector (testenv/otelcol: the OTLP receiver and a file
+    /// exporter).
+    Otelcol,
 }
 
 impl Binary {
@@ -32,6 +35,7 @@ impl Binary {
             Self::NatsServer => "NATS_SERVER",
             Self::Helm => "HELM",
             Self::Kubectl => "KUBECTL",
+            Self::Otelcol => "OTELCOL",
         }
     }
 
@@ -42,6 +46,7 @@ impl Binary {
             Self::NatsServer => "nats-server",
             Self::Helm => "helm",
             Self::Kubectl => "kubectl",
+            Self::Otelcol => "otelcol",
         }
     }
 }

@@ -16,6 +16,7 @@ pub mod kube_apiserver;
 pub mod legacy_records;
 pub mod model_files;
 pub mod nats;
+pub mod otelcol;
 pub mod process;
 pub mod python_tools;
 mod ready;

@@ -11,7 +11,7 @@
 use super::connectors::{
     Leg, PdError, PdPair, build_decode_leg, build_prefill_leg, extract_handoff,
 };
-use crate::dispatch::{build_post, root_cause};
+use crate::dispatch::{build_post, root_cause, send_span};
 use crate::forward::{Outbound, Upstream};
 use crate::health_check::stall_error;
 use crate::offload::off_workers;
@@ -24,6 +24,7 @@ use infera_proto::error_class::{ApiError, ErrorClass};
 use infera_proto::pd::PdTopology;
 use serde_json::Value;
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 /// Retries of a decode open that failed before its first byte.
 pub const DECODE_OPEN_RETRIES: u32 = 3;
@@ -84,11 +85,17 @@ fn encode(
 fn post(
     upstream: &Upstream,
     target: &Target,
-    path: &str,
     leg: &Encoded,
-    rid: &str,
+    outbound: &Outbound<'_>,
+    span: &tracing::Span,
 ) -> reqwest::RequestBuilder {
-    let mut request = build_post(upstream, target, path, rid, leg.body.clone());
+    let mut request = build_post(
+        upstream,
+        target,
+        outbound.kind.path(),
+        (outbound.request_id, outbound.trace, span),
+        leg.body.clone(),
+    );
     for (name, value) in &leg.headers {
         request = request.header(*name, value);
     }
@@ -113,34 +120,37 @@ fn error_text(body: &[u8]) -> String {
 fn spawn_prefill(
     upstream: &Upstream,
     target: &Target,
-    path: &str,
     leg: &Encoded,
-    rid: &str,
+    outbound: &Outbound<'_>,
 ) -> PrefillResult {
-    let request = post(upstream, target, path, leg, rid);
+    let span = send_span("prefill", target, outbound.kind.path());
+    let request = post(upstream, target, leg, outbound, &span);
     let upstream = upstream.clone();
     let worker = target.record.worker_id.clone();
-    let task = tokio::spawn(async move {
-        let started = Instant::now();
-        let result = run_prefill(&upstream, request, &worker).await;
-        upstream
-            .metrics
-            .observe_pd_leg("prefill", &worker, started.elapsed().as_secs_f64());
-        match &result {
-            Ok(_) => upstream.breakers.on_success(&worker),
-            Err((reason, e)) => {
-                upstream.metrics.record_pd_failure(reason);
-                if matches!(*reason, "prefill_rejected" | "prefill_busy") {
-                    // An answer below 500: the worker is up (closes a half-open breaker).
-                    upstream.breakers.on_success(&worker);
-                } else {
-                    upstream.breakers.on_failure(&worker, Instant::now());
+    let task = tokio::spawn(
+        async move {
+            let started = Instant::now();
+            let result = run_prefill(&upstream, request, &worker).await;
+            upstream
+                .metrics
+                .observe_pd_leg("prefill", &worker, started.elapsed().as_secs_f64());
+            match &result {
+                Ok(_) => upstream.breakers.on_success(&worker),
+                Err((reason, e)) => {
+                    upstream.metrics.record_pd_failure(reason);
+                    if matches!(*reason, "prefill_rejected" | "prefill_busy") {
+                        // An answer below 500: the worker is up (closes a half-open breaker).
+                        upstream.breakers.on_success(&worker);
+                    } else {
+                        upstream.breakers.on_failure(&worker, Instant::now());
+                    }
+                    tracing::warn!(worker = %worker, reason, "{}", e.message);
                 }
-                tracing::warn!(worker = %worker, reason, "{}", e.message);
             }
+            result.map_err(|(_, e)| e)
         }
-        result.map_err(|(_, e)| e)
-    });
+        .instrument(span),
+    );
     task.map(|joined| {
         joined.unwrap_or_else(|e| {
             Err(ApiError::new(
@@ -258,17 +268,20 @@ async fn prefill_answer(
 async fn open_decode(
     upstream: &Upstream,
     target: &Target,
-    path: &str,
     leg: &Encoded,
-    rid: &str,
+    outbound: &Outbound<'_>,
 ) -> Result<reqwest::Response, ApiError> {
+    let rid = outbound.request_id;
     let worker = &target.record.worker_id;
     let timeout = upstream.request_timeout;
     let started = Instant::now();
     let mut backoff = DECODE_RETRY_BACKOFF;
     let mut attempt = 0;
     loop {
-        let send = tokio::time::timeout(timeout, post(upstream, target, path, leg, rid).send());
+        let span = send_span("decode", target, outbound.kind.path());
+        let send =
+            tokio::time::timeout(timeout, post(upstream, target, leg, outbound, &span).send())
+                .instrument(span);
         let answer = tokio::select! {
             answer = send => answer,
             stalled = stall_error(&upstream.breakers, "decode worker", worker) => return Err(stalled),
@@ -324,12 +337,7 @@ pub async fn send_pair(
     pair: &PdPair<'_>,
     request: &Outbound<'_>,
 ) -> Result<PdOpened, ApiError> {
-    let (path, body, body_bytes, rid) = (
-        request.kind.path(),
-        request.body,
-        request.body_bytes,
-        request.request_id,
-    );
+    let (body, body_bytes) = (request.body, request.body_bytes);
     let prefill_leg = encode(body_bytes, || build_prefill_leg(pair, body))
         .map_err(|e| setup_failed(upstream, &e))?;
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
@@ -337,7 +345,7 @@ pub async fn send_pair(
         PdTopology::Concurrent => {
             let decode_leg = encode(body_bytes, || build_decode_leg(pair, body, None))
                 .map_err(|e| setup_failed(upstream, &e))?;
-            let prefill = spawn_prefill(upstream, pair.prefill, path, &prefill_leg, rid);
+            let prefill = spawn_prefill(upstream, pair.prefill, &prefill_leg, request);
             let mut failed: Abort = {
                 let prefill = prefill.clone();
                 Box::pin(async move {
@@ -350,7 +358,7 @@ pub async fn send_pair(
             let response = tokio::select! {
                 biased;
                 e = &mut failed => return Err(e),
-                opened = open_decode(upstream, pair.decode, path, &decode_leg, rid) => opened?,
+                opened = open_decode(upstream, pair.decode, &decode_leg, request) => opened?,
             };
             if !response.status().is_success() {
                 return Ok(PdOpened {
@@ -373,7 +381,7 @@ pub async fn send_pair(
             })
         }
         PdTopology::Serial => {
-            let answer = spawn_prefill(upstream, pair.prefill, path, &prefill_leg, rid).await?;
+            let answer = spawn_prefill(upstream, pair.prefill, &prefill_leg, request).await?;
             let handoff = serde_json::from_slice::<Value>(&answer)
                 .map_err(|e| PdError::BadHandoff {
                     worker: pair.prefill.record.worker_id.clone(),
@@ -383,7 +391,7 @@ pub async fn send_pair(
                 .map_err(|e| setup_failed(upstream, &e))?;
             let decode_leg = encode(body_bytes, || build_decode_leg(pair, body, Some(&handoff)))
                 .map_err(|e| setup_failed(upstream, &e))?;
-            let response = open_decode(upstream, pair.decode, path, &decode_leg, rid).await?;
+            let response = open_decode(upstream, pair.decode, &decode_leg, request).await?;
             Ok(PdOpened {
                 response,
                 abort: None,
