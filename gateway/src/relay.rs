@@ -12,7 +12,8 @@ use crate::gateway::Inflight;
 use crate::health_check::stall_error;
 use crate::metrics::{Metrics, Outcome};
 use bytes::Bytes;
-use futures::{FutureExt, Stream, StreamExt};
+use futures::future::Either;
+use futures::{Stream, StreamExt};
 use infera_proto::error_class::{ApiError, ErrorClass};
 use infera_proto::pd::PdProtocol;
 use infera_telemetry::logging::SPAN_EVENTS;
@@ -120,40 +121,6 @@ struct RelayState {
     last: Option<Instant>,
     done: bool,
     abort: Option<Abort>,
-    /// What the upstream yielded while chunks were being gathered (its end or an
-    /// error), handled on the next turn.
-    pending: Option<Option<Result<Bytes, reqwest::Error>>>,
-}
-
-/// Most bytes gathered into one write.
-const COALESCE_LIMIT: usize = 64 * 1024;
-
-/// `first` followed by every chunk the upstream has ready now (without waiting), as
-/// one buffer: what arrived together leaves in one write. An end or error met on the
-/// way is kept in `pending`.
-fn gather_ready(
-    first: Bytes,
-    upstream: &mut BodyStream,
-    pending: &mut Option<Option<Result<Bytes, reqwest::Error>>>,
-) -> Bytes {
-    let mut gathered: Option<bytes::BytesMut> = None;
-    let mut len = first.len();
-    while len < COALESCE_LIMIT {
-        match upstream.next().now_or_never() {
-            None => break,
-            Some(Some(Ok(more))) => {
-                len += more.len();
-                gathered
-                    .get_or_insert_with(|| bytes::BytesMut::from(&first[..]))
-                    .extend_from_slice(&more);
-            }
-            Some(other) => {
-                *pending = Some(other);
-                break;
-            }
-        }
-    }
-    gathered.map_or(first, bytes::BytesMut::freeze)
 }
 
 /// The next upstream chunk, or the abort's error if it fires first.
@@ -191,8 +158,94 @@ fn with_stall(abort: Option<Abort>, breakers: &Breakers, worker: &str) -> Option
 }
 
 /// The client-bound body for a forwarded response (`sse`: failures become an error
-/// event rather than a cut connection).
+/// event rather than a cut connection, and the stream is pumped, see [`pumped`]).
 pub fn relay_body(
+    forwarded: Forwarded,
+    upstream: &Upstream,
+    sse: bool,
+) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + use<> {
+    let chunks = relay_chunks(forwarded, upstream, sse);
+    if sse {
+        Either::Left(pumped(chunks))
+    } else {
+        Either::Right(chunks)
+    }
+}
+
+/// Chunks queued between the pump and the client's connection (backpressure past it).
+const PUMP_QUEUE: usize = 64;
+
+/// Most bytes gathered into one write.
+const COALESCE_LIMIT: usize = 64 * 1024;
+
+/// Aborts the pump when the client's body goes away.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// `chunks` read by a task of their own while the client's connection writes, and
+/// written as they are ready: every chunk that arrived while the last write was under
+/// way leaves in the next one, and a chunk that finds the connection idle leaves at
+/// once (no timer, nothing waits for more). The pump ends, dropping the upstream (which
+/// cancels the request on the worker), when the chunks end or the client's body is
+/// dropped; its handle lives in that body.
+fn pumped<S>(chunks: S) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send
+where
+    S: Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(PUMP_QUEUE);
+    let pump = tokio::spawn(async move {
+        let mut chunks = std::pin::pin!(chunks);
+        loop {
+            let next = tokio::select! {
+                biased;
+                () = tx.closed() => break,
+                next = chunks.next() => next,
+            };
+            let Some(item) = next else { break };
+            if tx.send(item).await.is_err() {
+                break;
+            }
+        }
+    });
+    let state = (rx, AbortOnDrop(pump), None::<std::io::Error>);
+    futures::stream::unfold(state, |(mut rx, pump, failed)| async move {
+        if let Some(e) = failed {
+            return Some((Err(e), (rx, pump, None)));
+        }
+        let first = match rx.recv().await? {
+            Ok(b) => b,
+            Err(e) => return Some((Err(e), (rx, pump, None))),
+        };
+        let mut gathered: Option<bytes::BytesMut> = None;
+        let mut len = first.len();
+        let mut failed = None;
+        while len < COALESCE_LIMIT {
+            match rx.try_recv() {
+                Ok(Ok(more)) => {
+                    len += more.len();
+                    gathered
+                        .get_or_insert_with(|| bytes::BytesMut::from(&first[..]))
+                        .extend_from_slice(&more);
+                }
+                Ok(Err(e)) => {
+                    failed = Some(e);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        let out = gathered.map_or(first, bytes::BytesMut::freeze);
+        Some((Ok(out), (rx, pump, failed)))
+    })
+}
+
+/// The worker's body chunk by chunk, with the relay's bookkeeping.
+fn relay_chunks(
     forwarded: Forwarded,
     upstream: &Upstream,
     sse: bool,
@@ -215,19 +268,13 @@ pub fn relay_body(
         last: None,
         done: false,
         abort,
-        pending: None,
     };
     futures::stream::unfold(state, |mut st| async move {
         if st.done {
             return None;
         }
-        let next = match st.pending.take() {
-            Some(pending) => Ok(Ok(pending)),
-            None => {
-                tokio::time::timeout(st.idle, next_or_abort(&mut st.upstream, &mut st.abort)).await
-            }
-        };
-        let failure = match next {
+        let next = tokio::time::timeout(st.idle, next_or_abort(&mut st.upstream, &mut st.abort));
+        let failure = match next.await {
             Ok(Err(aborted)) => {
                 st.guard.outcome = Outcome::UpstreamError;
                 st.done = true;
@@ -239,7 +286,6 @@ pub fn relay_body(
                 });
             }
             Ok(Ok(Some(Ok(chunk)))) => {
-                let chunk = gather_ready(chunk, &mut st.upstream, &mut st.pending);
                 let now = Instant::now();
                 match st.last {
                     None => {
@@ -284,4 +330,51 @@ pub fn relay_body(
             Some((Err(std::io::Error::other(failure.message)), st))
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(s: &'static str) -> Result<Bytes, std::io::Error> {
+        Ok(Bytes::from_static(s.as_bytes()))
+    }
+
+    #[tokio::test]
+    async fn what_arrived_together_leaves_together_and_nothing_waits() {
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let mut out = Box::pin(pumped(rx));
+        for s in ["data: a\n\n", "data: b\n\n", "data: c\n\n"] {
+            tx.unbounded_send(ok(s)).unwrap();
+        }
+        assert_eq!(
+            out.next().await.unwrap().unwrap(),
+            "data: a\n\ndata: b\n\ndata: c\n\n"
+        );
+        // A chunk alone is written alone, at once.
+        tx.unbounded_send(ok("data: d\n\n")).unwrap();
+        assert_eq!(out.next().await.unwrap().unwrap(), "data: d\n\n");
+        // An error ends what was gathered before it, then follows on its own.
+        tx.unbounded_send(ok("data: e\n\n")).unwrap();
+        tx.unbounded_send(Err(std::io::Error::other("broken")))
+            .unwrap();
+        assert_eq!(out.next().await.unwrap().unwrap(), "data: e\n\n");
+        assert!(out.next().await.unwrap().is_err());
+        drop(tx);
+        assert!(out.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_client_gone_drops_the_upstream() {
+        let (tx, rx) = futures::channel::mpsc::unbounded::<Result<Bytes, std::io::Error>>();
+        let mut out = Box::pin(pumped(rx));
+        tx.unbounded_send(ok("data: a\n\n")).unwrap();
+        out.next().await.unwrap().unwrap();
+        drop(out);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !tx.is_closed() {
+            assert!(Instant::now() < deadline, "the pump kept the upstream");
+            tokio::task::yield_now().await;
+        }
+    }
 }
