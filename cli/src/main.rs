@@ -95,11 +95,14 @@ fn run_async(args: infera::up::UpArgs) -> ExitCode {
 }
 
 fn run_bench(args: infera::bench::BenchArgs) -> ExitCode {
-    let _telemetry = infera_telemetry::init(infera_telemetry::LogOptions {
+    let telemetry = infera_telemetry::init(infera_telemetry::LogOptions {
         service: "infera",
         default_filter: "error".into(),
         ..Default::default()
     });
+    if let Err(e) = &telemetry {
+        eprintln!("infera: {e}");
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("infera-drv")

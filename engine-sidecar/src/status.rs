@@ -99,19 +99,41 @@ async fn health(State(s): State<Shared>) -> Response {
 }
 
 async fn metrics(State(s): State<Shared>) -> Response {
-    let text = format!(
-        "# HELP infera_sidecar_registered Whether the worker record is registered.\n# TYPE infera_sidecar_registered gauge\ninfera_sidecar_registered {}\n\
-         # HELP infera_sidecar_registrations_total Times the record was registered.\n# TYPE infera_sidecar_registrations_total counter\ninfera_sidecar_registrations_total {}\n\
-         # HELP infera_sidecar_registration_age_seconds Seconds since the current registration (lease granted or annotation written).\n# TYPE infera_sidecar_registration_age_seconds gauge\ninfera_sidecar_registration_age_seconds {}\n\
-         # HELP infera_sidecar_draining Whether a drain is under way.\n# TYPE infera_sidecar_draining gauge\ninfera_sidecar_draining {}\n\
-         # HELP infera_sidecar_kv_events_relayed_total KV-event batches relayed to NATS.\n# TYPE infera_sidecar_kv_events_relayed_total counter\ninfera_sidecar_kv_events_relayed_total {}\n",
-        u8::from(s.registered.load(Ordering::SeqCst)),
+    let mut scraped = infera_telemetry::metrics::ScrapeValues::default();
+    scraped.gauge(
+        "infera_sidecar_registered",
+        "Whether the worker record is registered.",
+        i64::from(s.registered.load(Ordering::SeqCst)),
+    );
+    scraped.counter(
+        "infera_sidecar_registrations_total",
+        "Times the record was registered.",
         s.registrations.load(Ordering::SeqCst),
+    );
+    scraped.gauge(
+        "infera_sidecar_registration_age_seconds",
+        "Seconds since the current registration (lease granted or annotation written).",
         s.registration_age().unwrap_or(0.0),
-        u8::from(s.draining.load(Ordering::SeqCst)),
+    );
+    scraped.gauge(
+        "infera_sidecar_draining",
+        "Whether a drain is under way.",
+        i64::from(s.draining.load(Ordering::SeqCst)),
+    );
+    scraped.counter(
+        "infera_sidecar_kv_events_relayed_total",
+        "KV-event batches relayed to NATS.",
         s.relayed.load(Ordering::SeqCst),
     );
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+    let text = infera_telemetry::metrics::render(&Default::default(), scraped);
+    (
+        [(
+            header::CONTENT_TYPE,
+            infera_telemetry::metrics::CONTENT_TYPE,
+        )],
+        text,
+    )
+        .into_response()
 }
 
 pub use infera_proto::sidecar::{DRAIN_TOKEN_ENV, DRAIN_TOKEN_HEADER};

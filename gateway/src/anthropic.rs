@@ -454,11 +454,11 @@ pub fn format_event(name: &str, data: &Value) -> String {
     format!("event: {name}\ndata: {data}\n\n")
 }
 
-/// Takes the first whole SSE event (through its blank line) off `buf`. Bytes are kept
-/// until then, so a character split across upstream chunks is decoded whole.
-fn take_event(buf: &mut Vec<u8>) -> Option<Vec<u8>> {
-    let end = buf.windows(2).position(|w| w == b"\n\n")? + 2;
-    Some(buf.drain(..end).collect())
+/// The end (past its blank line) of the first whole SSE event in `buf` from `start`.
+/// Bytes after it are kept, so a character split across upstream chunks is decoded
+/// whole.
+fn event_end(buf: &[u8], start: usize) -> Option<usize> {
+    Some(start + buf[start..].windows(2).position(|w| w == b"\n\n")? + 2)
 }
 
 impl StreamTranslator {
@@ -486,11 +486,15 @@ impl StreamTranslator {
                 return None;
             }
             loop {
-                // Every whole event that arrived goes out in one write.
+                // Every whole event that arrived goes out in one write; the buffer is
+                // scanned once and drained once.
                 let mut out = String::new();
-                while let Some(event) = take_event(&mut buf) {
-                    out.push_str(&tr.on_event(&event));
+                let mut start = 0;
+                while let Some(end) = event_end(&buf, start) {
+                    out.push_str(&tr.on_event(&buf[start..end]));
+                    start = end;
                 }
+                buf.drain(..start);
                 if !out.is_empty() {
                     return Some((Ok(Bytes::from(out)), (up, tr, buf, false)));
                 }

@@ -10,7 +10,7 @@ use crate::json_limits::{JsonLimits, check_json_limits};
 use crate::metrics::Outcome;
 use crate::offload::off_workers;
 use crate::relay::relay_body;
-use crate::router::{PREFILL_PIN_HEADER, Pins, WORKER_PIN_HEADER, plan};
+use crate::router::{PREFILL_PIN_HEADER, Pins, RouteError, WORKER_PIN_HEADER, plan};
 use crate::routing::RoutingInput;
 use crate::validate::{ApiKind, validate_request};
 use axum::Router;
@@ -33,8 +33,7 @@ use tracing::Instrument;
 
 type Shared = Arc<Gateway>;
 
-/// Header carrying the request id in and out.
-pub const REQUEST_ID_HEADER: &str = "x-infera-request-id";
+pub use crate::forward::REQUEST_ID_HEADER;
 
 /// Which error JSON a route speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -270,6 +269,14 @@ fn default_model(gw: &Gateway) -> Option<String> {
         .flatten()
 }
 
+/// Counts a request that ended before it was sent anywhere, in its metrics and span.
+fn reject(gw: &Gateway, outcome: Outcome, started: Instant) {
+    gw.metrics.request_rejected("mixed", outcome, started);
+    let span = tracing::Span::current();
+    span.record("outcome", outcome.name());
+    span.record("otel.status_code", "ERROR");
+}
+
 /// What a request's body says about its routing.
 #[derive(Debug, Clone, Copy)]
 struct RouteInput {
@@ -357,8 +364,7 @@ async fn openai(
     let (body, info, input) = match prepared {
         Ok(p) => p,
         Err(e) => {
-            gw.metrics
-                .request_rejected("mixed", Outcome::ClientError, started);
+            reject(&gw, Outcome::ClientError, started);
             return error_response(&e, Shape::OpenAi, &rid);
         }
     };
@@ -422,12 +428,8 @@ async fn route_and_forward(
         Pins::default()
     };
     let snapshot = gw.registry.snapshot();
-    let (plan, routing) = tracing::info_span!("route").in_scope(|| {
-        let plan = plan(&snapshot, model, pins).map_err(|e| {
-            gw.metrics
-                .request_rejected("mixed", Outcome::NoWorker, started);
-            e.to_api_error()
-        })?;
+    let planned = tracing::info_span!("route").in_scope(|| {
+        let plan = plan(&snapshot, model, pins)?;
         let routing = gw.routing.for_request(
             RoutingInput {
                 kind: request.kind,
@@ -437,7 +439,11 @@ async fn route_and_forward(
             },
             plan.targets(),
         );
-        Ok::<_, ApiError>((plan, routing))
+        Ok((plan, routing))
+    });
+    let (plan, routing) = planned.map_err(|e: RouteError| {
+        reject(gw, Outcome::NoWorker, started);
+        e.to_api_error()
     })?;
     forward(&gw.upstream, &plan, &routing, request, started).await
 }
@@ -479,8 +485,7 @@ async fn anthropic_messages(
     let (chat, input) = match prepared {
         Ok(p) => p,
         Err(e) => {
-            gw.metrics
-                .request_rejected("mixed", Outcome::ClientError, started);
+            reject(&gw, Outcome::ClientError, started);
             return error_response(&e, Shape::Anthropic, &rid);
         }
     };

@@ -77,7 +77,26 @@ pub fn send_span(role: &'static str, target: &Target, path: &str) -> tracing::Sp
         role,
         worker = %target.record.worker_id,
         http.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
     )
+}
+
+/// Marks a client span with the worker's status, and as an error unless the worker
+/// answered below 500.
+pub fn record_answer(
+    span: &tracing::Span,
+    answer: &Result<reqwest::Result<reqwest::Response>, tokio::time::error::Elapsed>,
+) {
+    let status = match answer {
+        Ok(Ok(response)) => Some(response.status()),
+        _ => None,
+    };
+    if let Some(status) = status {
+        span.record("http.status_code", status.as_u16());
+    }
+    if status.is_none_or(|s| s.is_server_error()) {
+        span.record("otel.status_code", "ERROR");
+    }
 }
 
 /// A POST of `body` to `path` on `target`, with the request id and the trace context
@@ -94,7 +113,7 @@ pub fn build_post(
         .client
         .post(url_for(target, path))
         .header("content-type", "application/json")
-        .header(crate::api::REQUEST_ID_HEADER, request_id);
+        .header(crate::forward::REQUEST_ID_HEADER, request_id);
     for (name, value) in trace.upstream_headers(span) {
         post = post.header(name, value);
     }
@@ -143,15 +162,14 @@ pub async fn send_with_failover(
         let answer = tokio::select! {
             answer = tokio::time::timeout(upstream.request_timeout, post.send()).instrument(span.clone()) => answer,
             stalled = stall_error(&upstream.breakers, "worker", &worker) => {
+                span.record("otel.status_code", "ERROR");
                 // A hung engine: try another, as for one that cannot be reached.
                 tracing::warn!(worker = %worker, request_id, "{}", stalled.message);
                 last_error = Some(stalled);
                 continue;
             }
         };
-        if let Ok(Ok(response)) = &answer {
-            span.record("http.status_code", response.status().as_u16());
-        }
+        record_answer(&span, &answer);
         match answer {
             Err(_) => {
                 upstream.breakers.on_failure(&worker, Instant::now());

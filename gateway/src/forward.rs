@@ -1,6 +1,7 @@
 //! The one forward path, for mixed and prefill/decode requests alike: given the
 //! AutoRouter's [`Plan`] and the request's [`RequestRouting`], pick (each role with its
-//! selector), send (failing over before the first byte), and hand back the worker's
+//! selector), send (a mixed request fails over to another worker before the first byte;
+//! a pair's decode open is retried on its worker), and hand back the worker's
 //! response with a [`RequestGuard`] that owns the request's bookkeeping (metrics,
 //! in-flight counts, kv charges) until the relay ends. It sees the gateway only through
 //! [`Upstream`]: the client, breakers, metrics and timeouts.
@@ -24,6 +25,9 @@ use infera_telemetry::propagation::TraceContext;
 use serde_json::{Map, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Header carrying the request id in and out, and to workers.
+pub const REQUEST_ID_HEADER: &str = "x-infera-request-id";
 
 /// What sending needs from the gateway, cheap to clone into a task (a prefill leg runs
 /// in its own).

@@ -1,6 +1,8 @@
 //! Relaying a worker's response body to the client chunk by chunk (never buffered
-//! whole), while measuring TTFT and inter-chunk latency, enforcing an idle timeout, and
-//! turning a mid-stream failure into an SSE error event. Dropping the relay (the
+//! whole), while measuring TTFT and the gaps between writes, enforcing an idle timeout,
+//! and turning a mid-stream failure into an SSE error event. A streamed (SSE) body is
+//! read by a pump task of its own, so what arrives while a write is under way leaves
+//! together in the next write. Dropping the relay (the
 //! client went away) drops the upstream connection, which cancels the request on the
 //! worker. A prefill/decode request's relay also ends, with an error event, when its
 //! prefill leg fails (the decode would otherwise wait for a KV transfer that never
@@ -12,7 +14,6 @@ use crate::gateway::Inflight;
 use crate::health_check::stall_error;
 use crate::metrics::{Metrics, Outcome};
 use bytes::Bytes;
-use futures::future::Either;
 use futures::{Stream, StreamExt};
 use infera_proto::error_class::{ApiError, ErrorClass};
 use infera_proto::pd::PdProtocol;
@@ -22,7 +23,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-type BodyStream = Pin<Box<dyn Stream<Item = Result<Bytes, reqwest::Error>> + Send>>;
+type BodyStream = Pin<Box<dyn Stream<Item = Result<Bytes, std::io::Error>> + Send>>;
 
 /// Resolves with an error when the relay must stop (a prefill leg failed).
 pub type Abort = Pin<Box<dyn Future<Output = ApiError> + Send>>;
@@ -127,7 +128,7 @@ struct RelayState {
 async fn next_or_abort(
     upstream: &mut BodyStream,
     abort: &mut Option<Abort>,
-) -> Result<Option<Result<Bytes, reqwest::Error>>, ApiError> {
+) -> Result<Option<Result<Bytes, std::io::Error>>, ApiError> {
     match abort {
         None => Ok(upstream.next().await),
         Some(a) => {
@@ -157,28 +158,13 @@ fn with_stall(abort: Option<Abort>, breakers: &Breakers, worker: &str) -> Option
     })
 }
 
-/// The client-bound body for a forwarded response (`sse`: failures become an error
-/// event rather than a cut connection, and the stream is pumped, see [`pumped`]).
-pub fn relay_body(
-    forwarded: Forwarded,
-    upstream: &Upstream,
-    sse: bool,
-) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + use<> {
-    let chunks = relay_chunks(forwarded, upstream, sse);
-    if sse {
-        Either::Left(pumped(chunks))
-    } else {
-        Either::Right(chunks)
-    }
-}
-
-/// Chunks queued between the pump and the client's connection (backpressure past it).
+/// Chunks queued between the pump and the relay (backpressure past it).
 const PUMP_QUEUE: usize = 64;
 
 /// Most bytes gathered into one write.
 const COALESCE_LIMIT: usize = 64 * 1024;
 
-/// Aborts the pump when the client's body goes away.
+/// Aborts the pump when the relay goes away.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
@@ -187,65 +173,97 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// `chunks` read by a task of their own while the client's connection writes, and
-/// written as they are ready: every chunk that arrived while the last write was under
-/// way leaves in the next one, and a chunk that finds the connection idle leaves at
-/// once (no timer, nothing waits for more). The pump ends, dropping the upstream (which
-/// cancels the request on the worker), when the chunks end or the client's body is
-/// dropped; its handle lives in that body.
-fn pumped<S>(chunks: S) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send
-where
-    S: Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
-{
+/// What the pump hands the relay.
+enum Pumped {
+    Chunk(Result<Bytes, std::io::Error>),
+    End,
+}
+
+/// How the pumped stream goes on after what it gathered.
+enum After {
+    Ended,
+    Failed(std::io::Error),
+}
+
+/// The worker's body read by a task of its own while the client's connection writes,
+/// and yielded as it is ready: every chunk that arrived while the last write was under
+/// way comes in the next item, and a chunk that finds the relay waiting comes at once
+/// (no timer, nothing waits for more). The relay (and its guard, which owns the
+/// request's bookkeeping) stays with the client's connection; the pump only reads. Its
+/// handle lives in the returned stream: dropping that (the client went away) aborts it,
+/// which drops the worker's body and cancels the request on the worker.
+fn pumped(mut body: BodyStream) -> BodyStream {
     let (tx, rx) = tokio::sync::mpsc::channel(PUMP_QUEUE);
     let pump = tokio::spawn(async move {
-        let mut chunks = std::pin::pin!(chunks);
         loop {
             let next = tokio::select! {
                 biased;
-                () = tx.closed() => break,
-                next = chunks.next() => next,
+                () = tx.closed() => return,
+                next = body.next() => next,
             };
-            let Some(item) = next else { break };
-            if tx.send(item).await.is_err() {
-                break;
+            let (message, last) = match next {
+                Some(item) => (Pumped::Chunk(item), false),
+                None => (Pumped::End, true),
+            };
+            if tx.send(message).await.is_err() || last {
+                return;
             }
         }
     });
-    let state = (rx, AbortOnDrop(pump), None::<std::io::Error>);
-    futures::stream::unfold(state, |(mut rx, pump, failed)| async move {
-        if let Some(e) = failed {
-            return Some((Err(e), (rx, pump, None)));
-        }
-        let first = match rx.recv().await? {
-            Ok(b) => b,
-            Err(e) => return Some((Err(e), (rx, pump, None))),
-        };
-        let mut gathered: Option<bytes::BytesMut> = None;
-        let mut len = first.len();
-        let mut failed = None;
-        while len < COALESCE_LIMIT {
-            match rx.try_recv() {
-                Ok(Ok(more)) => {
-                    len += more.len();
-                    gathered
-                        .get_or_insert_with(|| bytes::BytesMut::from(&first[..]))
-                        .extend_from_slice(&more);
-                }
-                Ok(Err(e)) => {
-                    failed = Some(e);
-                    break;
-                }
-                Err(_) => break,
+    let abnormal = || std::io::Error::other("the relay's reader ended abnormally");
+    let state = (rx, AbortOnDrop(pump), None::<After>);
+    Box::pin(futures::stream::unfold(
+        state,
+        move |(mut rx, pump, after)| async move {
+            match after {
+                Some(After::Ended) => return None,
+                Some(After::Failed(e)) => return Some((Err(e), (rx, pump, Some(After::Ended)))),
+                None => {}
             }
-        }
-        let out = gathered.map_or(first, bytes::BytesMut::freeze);
-        Some((Ok(out), (rx, pump, failed)))
-    })
+            let first = match rx.recv().await {
+                Some(Pumped::Chunk(Ok(b))) => b,
+                Some(Pumped::Chunk(Err(e))) => {
+                    return Some((Err(e), (rx, pump, Some(After::Ended))));
+                }
+                Some(Pumped::End) => return None,
+                None => return Some((Err(abnormal()), (rx, pump, Some(After::Ended)))),
+            };
+            let mut gathered: Option<bytes::BytesMut> = None;
+            let mut len = first.len();
+            let mut after = None;
+            while len < COALESCE_LIMIT {
+                match rx.try_recv() {
+                    Ok(Pumped::Chunk(Ok(more))) => {
+                        len += more.len();
+                        gathered
+                            .get_or_insert_with(|| bytes::BytesMut::from(&first[..]))
+                            .extend_from_slice(&more);
+                    }
+                    Ok(Pumped::Chunk(Err(e))) => {
+                        after = Some(After::Failed(e));
+                        break;
+                    }
+                    Ok(Pumped::End) => {
+                        after = Some(After::Ended);
+                        break;
+                    }
+                    Err(tokio::sync::mpsc::error::TryRecvError::Empty) => break,
+                    Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => {
+                        after = Some(After::Failed(abnormal()));
+                        break;
+                    }
+                }
+            }
+            let out = gathered.map_or(first, bytes::BytesMut::freeze);
+            Some((Ok(out), (rx, pump, after)))
+        },
+    ))
 }
 
-/// The worker's body chunk by chunk, with the relay's bookkeeping.
-fn relay_chunks(
+/// The client-bound body for a forwarded response, chunk by chunk with the relay's
+/// bookkeeping (`sse`: failures become an error event rather than a cut connection, and
+/// the worker's body is [`pumped`]).
+pub fn relay_body(
     forwarded: Forwarded,
     upstream: &Upstream,
     sse: bool,
@@ -258,8 +276,13 @@ fn relay_chunks(
     } = forwarded;
     let breakers = upstream.breakers.clone();
     let abort = with_stall(abort, &breakers, &worker);
+    let body: BodyStream = Box::pin(
+        response
+            .bytes_stream()
+            .map(|r| r.map_err(std::io::Error::other)),
+    );
     let state = RelayState {
-        upstream: Box::pin(response.bytes_stream()),
+        upstream: if sse { pumped(body) } else { body },
         guard,
         breakers,
         worker,
@@ -340,10 +363,17 @@ mod tests {
         Ok(Bytes::from_static(s.as_bytes()))
     }
 
+    type Sender = futures::channel::mpsc::UnboundedSender<Result<Bytes, std::io::Error>>;
+
+    fn source() -> (Sender, BodyStream) {
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        (tx, Box::pin(rx))
+    }
+
     #[tokio::test]
     async fn what_arrived_together_leaves_together_and_nothing_waits() {
-        let (tx, rx) = futures::channel::mpsc::unbounded();
-        let mut out = Box::pin(pumped(rx));
+        let (tx, body) = source();
+        let mut out = pumped(body);
         for s in ["data: a\n\n", "data: b\n\n", "data: c\n\n"] {
             tx.unbounded_send(ok(s)).unwrap();
         }
@@ -351,7 +381,7 @@ mod tests {
             out.next().await.unwrap().unwrap(),
             "data: a\n\ndata: b\n\ndata: c\n\n"
         );
-        // A chunk alone is written alone, at once.
+        // A chunk alone is yielded alone, at once.
         tx.unbounded_send(ok("data: d\n\n")).unwrap();
         assert_eq!(out.next().await.unwrap().unwrap(), "data: d\n\n");
         // An error ends what was gathered before it, then follows on its own.
@@ -360,20 +390,29 @@ mod tests {
             .unwrap();
         assert_eq!(out.next().await.unwrap().unwrap(), "data: e\n\n");
         assert!(out.next().await.unwrap().is_err());
-        drop(tx);
         assert!(out.next().await.is_none());
     }
 
     #[tokio::test]
-    async fn a_client_gone_drops_the_upstream() {
-        let (tx, rx) = futures::channel::mpsc::unbounded::<Result<Bytes, std::io::Error>>();
-        let mut out = Box::pin(pumped(rx));
+    async fn the_end_is_told_apart_from_a_reader_that_died() {
+        let (tx, body) = source();
+        let mut out = pumped(body);
+        tx.unbounded_send(ok("data: a\n\n")).unwrap();
+        drop(tx);
+        assert_eq!(out.next().await.unwrap().unwrap(), "data: a\n\n");
+        assert!(out.next().await.is_none(), "a clean end");
+    }
+
+    #[tokio::test]
+    async fn a_client_gone_drops_the_worker_body() {
+        let (tx, body) = source();
+        let mut out = pumped(body);
         tx.unbounded_send(ok("data: a\n\n")).unwrap();
         out.next().await.unwrap().unwrap();
         drop(out);
         let deadline = Instant::now() + Duration::from_secs(5);
         while !tx.is_closed() {
-            assert!(Instant::now() < deadline, "the pump kept the upstream");
+            assert!(Instant::now() < deadline, "the pump kept the worker's body");
             tokio::task::yield_now().await;
         }
     }

@@ -156,7 +156,8 @@ impl Selector<'_> {
         self.weight
     }
 
-    /// Index of the chosen option; `None` for no option. Records nothing.
+    /// Index of the chosen option; `None` for no option. Charges nothing (a multimodal
+    /// request's ignored cache locality is counted).
     pub fn choose(&self, options: &[&Target]) -> Option<usize> {
         let routing = self.request.routing;
         match (&routing.kv, &self.request.blocks) {

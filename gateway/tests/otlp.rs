@@ -61,6 +61,15 @@ async fn a_request_is_followed_from_the_client_into_the_engine() {
         "the engine continues the client's trace"
     );
     assert_ne!(parts[2], CLIENT_SPAN, "under the gateway's own span");
+    // A request no worker can take: its span ends as an error, with the outcome.
+    let unknown = json!({"model": "unknown-fixture-model", "prompt": "hello", "max_tokens": 4});
+    let refused = http
+        .post(gw_url(&gw, "/v1/completions"))
+        .json(&unknown)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 404);
     drop(gw);
     drop(telemetry); // sends what is still batched
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -78,7 +87,11 @@ async fn a_request_is_followed_from_the_client_into_the_engine() {
             .unwrap_or_else(|| panic!("no {name} span in {spans:#?}\n{}", collector.log_tail(20)))
     };
     // Kinds: 1 internal, 2 server, 3 client.
-    let request = find("POST /v1/completions", 2);
+    let request = spans
+        .iter()
+        .find(|s| s.kind == 2 && s.attribute("outcome") == Some("ok"))
+        .unwrap_or_else(|| panic!("no served request span: {spans:#?}"));
+    assert_eq!(request.name, "POST /v1/completions");
     let worker = sim.addr.to_string();
     assert_eq!(
         (
@@ -105,6 +118,12 @@ async fn a_request_is_followed_from_the_client_into_the_engine() {
         "first byte, then completion: {:?}",
         request.events
     );
+    let refused = spans
+        .iter()
+        .find(|s| s.kind == 2 && s.attribute("outcome") == Some("no_worker"))
+        .unwrap_or_else(|| panic!("no refused request span: {spans:#?}"));
+    assert_eq!(refused.status_code, 2, "an error: {refused:#?}");
+    assert_eq!(request.status_code, 0, "a served request is not an error");
     let route = find("route", 1);
     assert_eq!(route.parent_span_id, request.span_id);
     let client = find("POST /v1/completions", 3);

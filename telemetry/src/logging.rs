@@ -10,6 +10,7 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer;
 use tracing_subscriber::filter::filter_fn;
@@ -45,7 +46,7 @@ pub enum TelemetryError {
     },
     /// A subscriber was already installed.
     #[error("installing the log subscriber: {0}")]
-    Install(String),
+    Install(#[from] tracing_subscriber::util::TryInitError),
 }
 
 /// Keeps the trace exporter running; dropping it sends the spans still buffered.
@@ -54,12 +55,24 @@ pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
 }
 
+/// Longest wait for the last spans to be sent at exit.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl Drop for Telemetry {
     fn drop(&mut self) {
-        if let Some(provider) = self.provider.take()
-            && let Err(e) = provider.shutdown()
-        {
-            eprintln!("flushing the last spans: {e}");
+        let Some(provider) = self.provider.take() else {
+            return;
+        };
+        // On a thread of its own: the exporter blocks, and this may run on an async
+        // worker; a collector that does not answer delays the exit by FLUSH_TIMEOUT at most.
+        let (done, flushed) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = done.send(provider.shutdown());
+        });
+        match flushed.recv_timeout(FLUSH_TIMEOUT) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("flushing the last spans: {e}"),
+            Err(_) => eprintln!("flushing the last spans: no answer within {FLUSH_TIMEOUT:?}"),
         }
     }
 }
@@ -78,7 +91,13 @@ pub fn init(options: LogOptions) -> Result<Telemetry, TelemetryError> {
         EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| EnvFilter::new(&options.default_filter))
     };
-    let provider = match &options.otlp_traces_endpoint {
+    // An empty value (an unset Helm value rendered as "") means no export.
+    let endpoint = options
+        .otlp_traces_endpoint
+        .as_deref()
+        .map(str::trim)
+        .filter(|e| !e.is_empty());
+    let provider = match endpoint {
         Some(endpoint) => Some(build_provider(options.service, endpoint)?),
         None => None,
     };
@@ -106,8 +125,7 @@ pub fn init(options: LogOptions) -> Result<Telemetry, TelemetryError> {
         .with(json)
         .with(text)
         .with(otel)
-        .try_init()
-        .map_err(|e| TelemetryError::Install(e.to_string()))?;
+        .try_init()?;
     if provider.is_some() {
         opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
         EXPORTING.store(true, Ordering::Relaxed);

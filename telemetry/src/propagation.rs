@@ -37,6 +37,9 @@ struct Inject<'v>(&'v mut Vec<(HeaderName, HeaderValue)>);
 
 impl Injector for Inject<'_> {
     fn set(&mut self, key: &str, value: String) {
+        if value.is_empty() {
+            return;
+        }
         if let (Ok(k), Ok(v)) = (
             HeaderName::from_bytes(key.as_bytes()),
             HeaderValue::from_str(&value),

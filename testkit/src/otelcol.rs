@@ -36,6 +36,8 @@ pub struct ReceivedSpan {
     pub attributes: Vec<(String, String)>,
     /// Event names, in order.
     pub events: Vec<String>,
+    /// OTLP status code (0 unset, 1 ok, 2 error).
+    pub status_code: u64,
 }
 
 impl ReceivedSpan {
@@ -166,6 +168,10 @@ fn read_spans(export: &Value) -> Vec<ReceivedSpan> {
                         .flatten()
                         .filter_map(|e| e["name"].as_str().map(str::to_owned))
                         .collect(),
+                    status_code: span
+                        .pointer("/status/code")
+                        .and_then(Value::as_u64)
+                        .unwrap_or(0),
                 });
             }
         }

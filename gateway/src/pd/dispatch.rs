@@ -11,7 +11,7 @@
 use super::connectors::{
     Leg, PdError, PdPair, build_decode_leg, build_prefill_leg, extract_handoff,
 };
-use crate::dispatch::{build_post, root_cause, send_span};
+use crate::dispatch::{build_post, record_answer, root_cause, send_span};
 use crate::forward::{Outbound, Upstream};
 use crate::health_check::stall_error;
 use crate::offload::off_workers;
@@ -137,6 +137,7 @@ fn spawn_prefill(
             match &result {
                 Ok(_) => upstream.breakers.on_success(&worker),
                 Err((reason, e)) => {
+                    tracing::Span::current().record("otel.status_code", "ERROR");
                     upstream.metrics.record_pd_failure(reason);
                     if matches!(*reason, "prefill_rejected" | "prefill_busy") {
                         // An answer below 500: the worker is up (closes a half-open breaker).
@@ -281,11 +282,15 @@ async fn open_decode(
         let span = send_span("decode", target, outbound.kind.path());
         let send =
             tokio::time::timeout(timeout, post(upstream, target, leg, outbound, &span).send())
-                .instrument(span);
+                .instrument(span.clone());
         let answer = tokio::select! {
             answer = send => answer,
-            stalled = stall_error(&upstream.breakers, "decode worker", worker) => return Err(stalled),
+            stalled = stall_error(&upstream.breakers, "decode worker", worker) => {
+                span.record("otel.status_code", "ERROR");
+                return Err(stalled);
+            }
         };
+        record_answer(&span, &answer);
         let failure = match answer {
             Err(_) => {
                 upstream.breakers.on_failure(worker, Instant::now());
