@@ -24,6 +24,7 @@ use futures::StreamExt;
 use infera_proto::error_class::{ApiError, ErrorClass};
 use infera_proto::retention::{Retention, parse_retention_hint};
 use infera_proto::worker::{WorkerRecord, WorkerStatus};
+use infera_telemetry::logging::spans_exported;
 use infera_telemetry::propagation::TraceContext;
 use serde_json::{Map, Value, json};
 use std::collections::HashSet;
@@ -325,6 +326,11 @@ async fn completions(State(gw): State<Shared>, headers: HeaderMap, body: Body) -
 /// and the client's trace context, which the span continues when spans are exported.
 fn request_span(path: &str, headers: &HeaderMap) -> (tracing::Span, String, TraceContext) {
     let rid = request_id(headers);
+    // Spans cost a few allocations per request: made only when they are exported.
+    if !spans_exported() {
+        let trace = TraceContext::adopt(&tracing::Span::none(), headers);
+        return (tracing::Span::none(), rid, trace);
+    }
     let span = tracing::info_span!(
         "request",
         otel.name = %format_args!("POST {path}"),
@@ -428,7 +434,12 @@ async fn route_and_forward(
         Pins::default()
     };
     let snapshot = gw.registry.snapshot();
-    let planned = tracing::info_span!("route").in_scope(|| {
+    let route = if spans_exported() {
+        tracing::info_span!("route")
+    } else {
+        tracing::Span::none()
+    };
+    let planned = route.in_scope(|| {
         let plan = plan(&snapshot, model, pins)?;
         let routing = gw.routing.for_request(
             RoutingInput {

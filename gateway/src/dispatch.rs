@@ -70,6 +70,9 @@ impl Serialize for WithFields<'_> {
 
 /// The client span of one request to a worker: the engine's spans continue it.
 pub fn send_span(role: &'static str, target: &Target, path: &str) -> tracing::Span {
+    if !infera_telemetry::logging::spans_exported() {
+        return tracing::Span::none();
+    }
     tracing::info_span!(
         "send",
         otel.name = %format_args!("POST {path}"),
