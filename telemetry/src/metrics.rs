@@ -16,7 +16,6 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::TypedMetric;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Metric, Registry};
 
 pub use prometheus_client;
@@ -50,11 +49,6 @@ fn registry_help(help: &str) -> &str {
 /// Registers a gauge or histogram (or a family of them) named `name`.
 pub fn register(registry: &mut Registry, name: &str, help: &str, metric: impl Metric) {
     registry.register(name, registry_help(help), metric);
-}
-
-/// A histogram constructor over fixed bucket bounds (`+Inf` is added).
-pub fn histogram_with(bounds: &'static [f64]) -> impl Fn() -> Histogram + Clone + Send + Sync {
-    move || Histogram::new(bounds.iter().copied())
 }
 
 /// A value read at scrape time.
@@ -221,6 +215,7 @@ mod tests {
     use super::*;
     use prometheus_client::metrics::counter::Counter;
     use prometheus_client::metrics::family::Family;
+    use prometheus_client::metrics::histogram::Histogram;
 
     #[test]
     fn counters_keep_their_series_names_and_scrape_values_follow() {
@@ -271,9 +266,12 @@ mod tests {
 
     #[test]
     fn histograms_write_bounds_as_the_python_client_did() {
-        const BOUNDS: [f64; 3] = [0.005, 1.0, 2048.0];
+        fn histogram() -> Histogram {
+            Histogram::new([0.005, 1.0, 2048.0])
+        }
         let mut registry = Registry::default();
-        let h: Family<Labels, Histogram, _> = Family::new_with_constructor(histogram_with(&BOUNDS));
+        let h: Family<Labels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(histogram);
         register(&mut registry, "fixture_seconds", "Seconds.", h.clone());
         h.get_or_create(&vec![("role", "mixed".to_owned())])
             .observe(0.5);
