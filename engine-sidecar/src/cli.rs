@@ -43,6 +43,8 @@ pub struct SidecarArgs {
     pub sysfs_root: String,
     /// NATS server to relay KV events to (`--kv-event-transport nats`).
     pub relay_nats: Option<String>,
+    /// Serve requests over the NATS request plane (`--request-transport nats`).
+    pub request_plane: Option<crate::request_plane::PlaneSettings>,
     /// Attach to an engine running elsewhere (its own container) instead of launching it.
     pub attach: bool,
     /// Accept a prefill/decode configuration that moves KV over TCP or a loopback host.
@@ -112,7 +114,18 @@ pub const USAGE: &str = "Infera flags (each also as the environment variable in 
                               (default: detected from the NIC's GID table in sysfs)
   --sysfs-root PATH           where sysfs is [INFERA_SYSFS_ROOT] (/sys)
   --kv-event-transport zmq|nats   nats: relay the engine's KV events to JetStream [INFERA_KV_EVENT_TRANSPORT] (zmq)
-  --nats-server URL           NATS for the relay [INFERA_NATS_SERVER] (nats://127.0.0.1:4222)
+  --nats-server URL           NATS for the relay and the request plane [INFERA_NATS_SERVER]
+                              (else $NATS_SERVER, else $NATS_URL, else nats://127.0.0.1:4222)
+  --request-transport http|nats   nats: also serve requests on this worker's NATS subject
+                              (infera.req.<token>) and register request_transport nats
+                              [INFERA_REQUEST_TRANSPORT] (http)
+  --nats-req-max-duration SECONDS   longest NATS request, then it is ended on the worker
+                              [INFERA_NATS_REQ_MAX_DURATION] (0: no cap)
+  --nats-req-max-pending N    above 0, take requests from the INFERA_REQUESTS JetStream work
+                              queue so gateways can hold back at N queued (the gateways'
+                              value) [INFERA_NATS_REQ_MAX_PENDING] (0)
+  --nats-req-idle-timeout SECONDS   accepted for the earlier worker's command lines; the
+                              gateway enforces it [INFERA_NATS_REQ_IDLE_TIMEOUT]
 Every other argument goes to the engine unchanged; the engine's --port (ATOM: --server-port)
 builds the worker URL.
 
@@ -132,6 +145,17 @@ fn seconds(flag: &'static str, v: &str) -> Result<Duration, CliError> {
         .ok_or_else(|| CliError::BadValue {
             flag,
             message: format!("{v:?} is not a positive number of seconds"),
+        })
+}
+
+fn seconds_or_off(flag: &'static str, v: &str) -> Result<Duration, CliError> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| CliError::BadValue {
+            flag,
+            message: format!("{v:?} is not 0 (off) or a positive number of seconds"),
         })
 }
 
@@ -155,7 +179,7 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
         "1" | "true" | "yes"
     );
     let mut engine_args = Vec::new();
-    const VALUED: [&str; 19] = [
+    const VALUED: [&str; 23] = [
         "--etcd-endpoint",
         "--etcd-prefix",
         "--etcd-ca-file",
@@ -173,6 +197,10 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
         "--sysfs-root",
         "--kv-event-transport",
         "--nats-server",
+        "--request-transport",
+        "--nats-req-max-duration",
+        "--nats-req-max-pending",
+        "--nats-req-idle-timeout",
         "--discovery-backend",
         "--k8s-namespace",
     ];
@@ -244,6 +272,19 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
             message: format!("{v:?} is not a GID index"),
         })?),
     };
+    seconds_or_off(
+        "--nats-req-idle-timeout",
+        &get(
+            "--nats-req-idle-timeout",
+            "INFERA_NATS_REQ_IDLE_TIMEOUT",
+            "0",
+        ),
+    )?;
+    let nats_url = Some(get("--nats-server", "INFERA_NATS_SERVER", ""))
+        .filter(|u| !u.is_empty())
+        .or_else(|| std::env::var("NATS_SERVER").ok().filter(|u| !u.is_empty()))
+        .or_else(|| std::env::var("NATS_URL").ok().filter(|u| !u.is_empty()))
+        .unwrap_or_else(|| "nats://127.0.0.1:4222".into());
     let engine = Launch::from_word(word, &engine_args)
         .ok_or_else(|| CliError::UnknownEngine(word.to_owned()))?;
     let args = SidecarArgs {
@@ -305,15 +346,40 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
         },
         relay_nats: match get("--kv-event-transport", "INFERA_KV_EVENT_TRANSPORT", "zmq").as_str() {
             "zmq" => None,
-            "nats" => Some(get(
-                "--nats-server",
-                "INFERA_NATS_SERVER",
-                "nats://127.0.0.1:4222",
-            )),
+            "nats" => Some(nats_url.clone()),
             other => {
                 return Err(CliError::BadValue {
                     flag: "--kv-event-transport",
                     message: format!("{other:?}: expected zmq or nats"),
+                });
+            }
+        },
+        request_plane: match get("--request-transport", "INFERA_REQUEST_TRANSPORT", "http").as_str()
+        {
+            "http" => None,
+            "nats" => Some(crate::request_plane::PlaneSettings {
+                url: nats_url,
+                max_duration: Some(seconds_or_off(
+                    "--nats-req-max-duration",
+                    &get(
+                        "--nats-req-max-duration",
+                        "INFERA_NATS_REQ_MAX_DURATION",
+                        "0",
+                    ),
+                )?)
+                .filter(|d| !d.is_zero()),
+                max_pending: {
+                    let v = get("--nats-req-max-pending", "INFERA_NATS_REQ_MAX_PENDING", "0");
+                    v.parse().map_err(|_| CliError::BadValue {
+                        flag: "--nats-req-max-pending",
+                        message: format!("{v:?} is not a count"),
+                    })?
+                },
+            }),
+            other => {
+                return Err(CliError::BadValue {
+                    flag: "--request-transport",
+                    message: format!("{other:?}: expected http or nats"),
                 });
             }
         },

@@ -23,6 +23,7 @@ pub mod node_env;
 pub mod record;
 pub mod registration;
 pub mod relay;
+pub mod request_plane;
 pub mod status;
 pub mod tokenizer_files;
 pub mod tokenizer_id;

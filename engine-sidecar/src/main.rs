@@ -13,10 +13,11 @@ use infera_engine_sidecar::node_env::{self, NodeEnvArgs, run_node_env};
 use infera_engine_sidecar::record::build_record;
 use infera_engine_sidecar::registration::{Registration, RegistrationState, run_registration};
 use infera_engine_sidecar::relay::{RelayCounters, connect_jetstream, relay_rank};
+use infera_engine_sidecar::request_plane::RequestServer;
 use infera_engine_sidecar::status::{SidecarStatus, build_status_router};
 use infera_engine_sidecar::tokenizer_files::{LocalTokenizer, build_tokenizer_router};
 use infera_proto::discovery::build_worker_key;
-use infera_proto::worker::WorkerRecord;
+use infera_proto::worker::{RequestTransport, WorkerRecord};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -375,7 +376,7 @@ async fn run() -> i32 {
             16
         }),
     };
-    let record = match build_record(
+    let mut record = match build_record(
         &facts,
         role.as_ref(),
         &args.advertise_host,
@@ -388,6 +389,23 @@ async fn run() -> i32 {
             engine.stop(Duration::from_secs(10)).await;
             return fail(e, 2);
         }
+    };
+    // Serving the subject before registering: a gateway that sees the record can send.
+    let plane = match &args.request_plane {
+        Some(settings) => {
+            let engine_url = format!("http://127.0.0.1:{}", facts.port);
+            match RequestServer::start(settings, &record.worker_id, &engine_url).await {
+                Ok(server) => {
+                    record.request_transport = RequestTransport::Nats;
+                    Some(server)
+                }
+                Err(e) => {
+                    engine.stop(Duration::from_secs(10)).await;
+                    return fail(e, 2);
+                }
+            }
+        }
+        None => None,
     };
     let (stop, stop_rx) = watch::channel(false);
     let (relay_stop, relay_stop_rx) = watch::channel(false);
@@ -456,6 +474,11 @@ async fn run() -> i32 {
     let _ = stop.send(true);
     let _ = registration.await;
     status.registered.store(false, Ordering::SeqCst);
+    if let Some(plane) = plane {
+        // Migratable requests go back to the gateway at once; the others get the window.
+        let window = (!engine_died).then_some(args.drain_timeout);
+        plane.stop(window).await;
+    }
     if !engine_died {
         tracing::info!("draining (up to {:?})", args.drain_timeout);
         if !engine

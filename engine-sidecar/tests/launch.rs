@@ -8,123 +8,15 @@
 use infera_proto::discovery::build_worker_key;
 use infera_proto::worker::WorkerRecord;
 use infera_testkit::process::{ServerProcess, free_port};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-const SIDECAR: &str = env!("CARGO_BIN_EXE_infera-engine-sidecar");
+mod common;
 
-fn args_of(v: &[&str]) -> Vec<String> {
-    v.iter().map(|s| s.to_string()).collect()
-}
-
-/// `target/<profile>/infera-sim`, built by `cargo test --workspace` (the README's test
-/// command); `cargo build -p infera-sim` when running this crate's tests alone.
-fn sim_binary() -> PathBuf {
-    infera_testkit::process::workspace_binary("infera-sim").unwrap()
-}
-
-/// An etcd prefix no other test uses.
-fn unique_prefix(name: &str) -> String {
-    format!(
-        "/infera-test/{}/workers/",
-        infera_testkit::unique_name(name)
-    )
-}
-
-struct Launched {
-    sidecar: ServerProcess,
-    key: String,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-async fn launch(prefix: &str, ttl: &str) -> Launched {
-    let etcd = infera_testkit::etcd_endpoint().await.unwrap();
-    launch_with(&etcd, prefix, ttl, &[]).await
-}
-
-/// A sidecar launching a simulated engine, registering in `etcd` with `extra` flags.
-async fn launch_with(etcd: &str, prefix: &str, ttl: &str, extra: &[String]) -> Launched {
-    let port = free_port().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut args: Vec<String> = args_of(&[
-        "sim",
-        "--etcd-endpoint",
-        etcd,
-        "--etcd-prefix",
-        prefix,
-        "--advertise-host",
-        "127.0.0.1",
-        "--lease-ttl",
-        ttl,
-        "--drain-timeout",
-        "10",
-        "--sim-binary",
-        sim_binary().to_str().unwrap(),
-        "fixture/model",
-        "--served-model-name",
-        "fixture-model",
-        "--port",
-        &port.to_string(),
-        "--engine",
-        "vllm",
-        "--speedup",
-        "20",
-    ]);
-    args.extend_from_slice(extra);
-    let sidecar =
-        ServerProcess::start(Path::new(SIDECAR), &args, &dir.path().join("sidecar.log")).unwrap();
-    Launched {
-        sidecar,
-        key: build_worker_key(prefix, &format!("127.0.0.1:{port}")),
-        port,
-        _dir: dir,
-    }
-}
-
-/// A gateway on loopback finding workers in `etcd` under `prefix`, with `flags`.
-async fn gateway_on_etcd(
-    etcd: &str,
-    prefix: &str,
-    flags: &[String],
-) -> infera_gateway::server::RunningGateway {
-    let mut args = vec!["g", "--etcd-endpoint", etcd, "--etcd-prefix", prefix];
-    args.extend(flags.iter().map(String::as_str));
-    let cfg =
-        <infera_gateway::config::GatewayConfig as clap::Parser>::try_parse_from(args).unwrap();
-    let gw = infera_gateway::gateway::Gateway::new(cfg, infera_gateway::registry::Registry::new())
-        .unwrap();
-    infera_gateway::server::start_gateway(
-        gw,
-        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
-    )
-    .await
-    .unwrap()
-}
-
-async fn wait_key(
-    key: &str,
-    present: bool,
-    within: Duration,
-    sidecar: &mut ServerProcess,
-) -> Option<WorkerRecord> {
-    let mut etcd = infera_testkit::etcd_client().await.unwrap();
-    let deadline = Instant::now() + within;
-    loop {
-        let resp = etcd.get(key, None).await.unwrap();
-        match (resp.kvs().first(), present) {
-            (Some(kv), true) => return Some(WorkerRecord::from_json(kv.value()).unwrap()),
-            (None, false) => return None,
-            _ => {}
-        }
-        assert!(
-            Instant::now() < deadline,
-            "key {key} present={present} not reached; sidecar log:\n{}",
-            sidecar.log_tail(30)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+use common::{
+    SIDECAR, args_of, engine_pid, gateway_on_etcd, launch, launch_with, sim_binary, unique_prefix,
+    wait_key,
+};
 
 fn health_ok(port: u16) -> bool {
     std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
@@ -315,29 +207,6 @@ async fn registers_in_an_etcd_with_tls_client_certificates_and_a_password() {
     let exit = l.sidecar.wait_exit(Duration::from_secs(20)).await;
     assert!(exit.is_some(), "{}", l.sidecar.log_tail(20));
     assert!(!present(&mut admin).await, "the lease was not revoked");
-}
-
-/// The child of `parent` (the engine the sidecar launched), from /proc.
-fn engine_pid(parent: u32) -> Option<u32> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-            // pid (comm) state ppid ...: the fields after the last ')'.
-            let ppid = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-                .and_then(|p| p.parse::<u32>().ok());
-            if ppid == Some(parent) {
-                return Some(pid);
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    None
 }
 
 fn nix_kill(pid: u32, signal: &str) {

@@ -5,7 +5,7 @@
 
 use crate::forward::{Forwarded, Upstream};
 use crate::metrics::Outcome;
-use crate::relay::relay_body;
+use crate::relay::{Migration, relay_body};
 use crate::validate::MAX_TOKENS_LIMIT;
 use axum::body::Body;
 use axum::http::{HeaderValue, header};
@@ -524,10 +524,12 @@ pub async fn answer(
     model: &str,
     request_id: &str,
     stream: bool,
+    migration: Option<Migration>,
 ) -> Result<Response, ApiError> {
-    let status = forwarded.response.status();
+    let status = forwarded.response.status;
     if !status.is_success() {
-        let text = forwarded.response.text().await.unwrap_or_default();
+        let body = forwarded.response.bytes().await.unwrap_or_default();
+        let text = String::from_utf8_lossy(&body);
         let class = if status.is_client_error() {
             ErrorClass::BadRequest
         } else {
@@ -558,7 +560,7 @@ pub async fn answer(
         guard.outcome = Outcome::Ok;
         return Ok(axum::Json(build_message_response(&chat, model)).into_response());
     }
-    let relayed = relay_body(forwarded, upstream, true);
+    let relayed = relay_body(forwarded, upstream, true, migration);
     let translated = StreamTranslator::new(model, request_id).translate(relayed);
     let mut resp = Response::new(Body::from_stream(translated));
     resp.headers_mut().insert(

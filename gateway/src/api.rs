@@ -4,12 +4,13 @@
 
 use crate::anthropic::{self, build_chat_request};
 use crate::config::RouterMode;
-use crate::forward::{Forwarded, Outbound, Upstream, forward};
+use crate::forward::{Forwarded, Outbound, Sent, Upstream, forward, send_planned};
 use crate::gateway::Gateway;
 use crate::json_limits::{JsonLimits, check_json_limits};
 use crate::metrics::Outcome;
+use crate::migration::{Continuation, MigrationState};
 use crate::offload::off_workers;
-use crate::relay::relay_body;
+use crate::relay::{Migration, RequestGuard, relay_body};
 use crate::router::{PREFILL_PIN_HEADER, Pins, RouteError, WORKER_PIN_HEADER, plan};
 use crate::routing::RoutingInput;
 use crate::validate::{ApiKind, validate_request};
@@ -374,6 +375,8 @@ async fn openai(
             return error_response(&e, Shape::OpenAi, &rid);
         }
     };
+    let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let state = migration_state(&gw, &body, kind, stream);
     let request = Outbound {
         kind,
         body: &body,
@@ -381,24 +384,127 @@ async fn openai(
         retention: input.retention,
         request_id: &rid,
         trace: &trace,
+        stream,
+        migratable: state.is_some(),
     };
     match route_and_forward(&gw, &headers, &info.model, input.hint, &request, started).await {
-        Ok(forwarded) => relay_response(forwarded, &gw.upstream, &rid),
+        Ok(forwarded) => {
+            let migration =
+                state.map(|state| build_migration(&gw, state, &info.model, &input, &request));
+            relay_response(forwarded, &gw.upstream, &rid, migration)
+        }
         Err(e) => error_response(&e, Shape::OpenAi, &rid),
     }
 }
 
+/// The migration state of a streamed request the gateway may move (`--migration-limit`
+/// above 0, and nothing in it that forbids a move).
+fn migration_state(
+    gw: &Gateway,
+    body: &Map<String, Value>,
+    kind: ApiKind,
+    stream: bool,
+) -> Option<MigrationState> {
+    let limit = gw.upstream.migration_limit;
+    if !stream || limit == 0 {
+        return None;
+    }
+    let state = MigrationState::new(body, kind, limit);
+    state.refusal().is_none().then_some(state)
+}
+
+/// What a continuation is sent with: the request as the client made it.
+#[derive(Clone)]
+struct ResumeContext {
+    gw: Shared,
+    model: String,
+    hint: Option<Retention>,
+    retention: Retention,
+    body_bytes: usize,
+    request_id: String,
+    trace: TraceContext,
+}
+
+fn build_migration(
+    gw: &Shared,
+    state: MigrationState,
+    model: &str,
+    input: &RouteInput,
+    request: &Outbound<'_>,
+) -> Migration {
+    let ctx = ResumeContext {
+        gw: gw.clone(),
+        model: model.to_owned(),
+        hint: input.hint,
+        retention: input.retention,
+        body_bytes: input.body_bytes,
+        request_id: request.request_id.to_owned(),
+        trace: request.trace.clone(),
+    };
+    Migration {
+        state,
+        resume: Box::new(move |continuation, failed, guard| {
+            let ctx = ctx.clone();
+            Box::pin(async move { resend(&ctx, continuation, &failed, guard).await })
+        }),
+        failed: Vec::new(),
+    }
+}
+
+/// Sends a moved generation's continuation to a worker it has not failed on.
+async fn resend(
+    ctx: &ResumeContext,
+    continuation: Continuation,
+    failed: &[String],
+    guard: &mut RequestGuard,
+) -> Result<Sent, ApiError> {
+    let snapshot = ctx.gw.registry.snapshot();
+    let planned = plan(&snapshot, &ctx.model, Pins::default()).map_err(|e| e.to_api_error())?;
+    let plan = planned.without(failed).ok_or_else(|| {
+        ApiError::new(
+            ErrorClass::ServiceUnavailable,
+            format!(
+                "no other worker serves {} to continue the stream",
+                ctx.model
+            ),
+        )
+    })?;
+    let body = &continuation.body;
+    let routing = ctx.gw.routing.for_request(
+        RoutingInput {
+            kind: continuation.kind,
+            body,
+            body_bytes: ctx.body_bytes,
+            hint: ctx.hint,
+        },
+        plan.targets(),
+    );
+    let request = Outbound {
+        kind: continuation.kind,
+        body,
+        body_bytes: ctx.body_bytes,
+        retention: ctx.retention,
+        request_id: &ctx.request_id,
+        trace: &ctx.trace,
+        stream: true,
+        migratable: true,
+    };
+    send_planned(&ctx.gw.upstream, &plan, &routing, &request, guard).await
+}
+
 /// The worker's answer relayed as it arrives, with its status and content type.
-fn relay_response(forwarded: Forwarded, upstream: &Upstream, rid: &str) -> Response {
-    let headers = forwarded.response.headers();
-    let content_type = headers.get(header::CONTENT_TYPE).cloned();
-    let sse = content_type
-        .as_ref()
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.starts_with("text/event-stream"));
-    let status = StatusCode::from_u16(forwarded.response.status().as_u16())
-        .unwrap_or(StatusCode::BAD_GATEWAY);
-    let mut resp = Response::new(Body::from_stream(relay_body(forwarded, upstream, sse)));
+fn relay_response(
+    forwarded: Forwarded,
+    upstream: &Upstream,
+    rid: &str,
+    migration: Option<Migration>,
+) -> Response {
+    let content_type = forwarded.response.content_type.clone();
+    let sse = forwarded.response.is_sse();
+    let status = forwarded.response.status;
+    let mut resp = Response::new(Body::from_stream(relay_body(
+        forwarded, upstream, sse, migration,
+    )));
     *resp.status_mut() = status;
     if let Some(ct) = content_type {
         resp.headers_mut().insert(header::CONTENT_TYPE, ct);
@@ -506,6 +612,7 @@ async fn anthropic_messages(
         .unwrap_or_default()
         .to_owned();
     let stream = chat.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let state = migration_state(&gw, &chat, ApiKind::Chat, stream);
     let request = Outbound {
         kind: ApiKind::Chat,
         body: &chat,
@@ -513,10 +620,16 @@ async fn anthropic_messages(
         retention: input.retention,
         request_id: &rid,
         trace: &trace,
+        stream,
+        migratable: state.is_some(),
     };
     let answered =
         match route_and_forward(&gw, &headers, &model, input.hint, &request, started).await {
-            Ok(forwarded) => anthropic::answer(forwarded, &gw.upstream, &model, &rid, stream).await,
+            Ok(forwarded) => {
+                let migration =
+                    state.map(|state| build_migration(&gw, state, &model, &input, &request));
+                anthropic::answer(forwarded, &gw.upstream, &model, &rid, stream, migration).await
+            }
             Err(e) => Err(e),
         };
     match answered {

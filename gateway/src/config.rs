@@ -56,11 +56,17 @@ pub enum KvEventTransport {
     Nats,
 }
 
+/// The NATS server when neither a flag nor the environment names one.
+pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
+
 /// `--request-transport`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum RequestTransportArg {
     /// HTTP to each worker's URL.
     Http,
+    /// Workers registering `request_transport: nats` are reached on their NATS subject
+    /// (`infera.req.<tok>`); the others over HTTP.
+    Nats,
 }
 
 /// `--default-retention`.
@@ -198,13 +204,40 @@ pub struct GatewayConfig {
     #[arg(long, env = "INFERA_KV_EVENT_TRANSPORT", value_enum, default_value_t = KvEventTransport::Zmq)]
     pub kv_event_transport: KvEventTransport,
 
-    /// NATS server URL (NATS KV events).
+    /// NATS server URL (NATS KV events, the NATS request plane); unset: the earlier
+    /// server's `$NATS_SERVER`, then `$NATS_URL`, then `nats://127.0.0.1:4222`.
     #[arg(long, env = "INFERA_NATS_SERVER")]
     pub nats_server: Option<String>,
 
-    /// How requests reach workers.
+    /// How requests reach workers: `http` to each worker's URL, or `nats` (the earlier
+    /// server's default), where workers that registered `request_transport: nats` are
+    /// reached on their NATS subject and the others still over HTTP.
     #[arg(long, env = "INFERA_REQUEST_TRANSPORT", value_enum, default_value_t = RequestTransportArg::Http)]
     pub request_transport: RequestTransportArg,
+
+    /// NATS requests: seconds to wait for a worker's next reply frame before answering
+    /// 504 and cancelling it on the worker (reset by every frame; 0 waits forever).
+    #[arg(long, env = "INFERA_NATS_REQ_IDLE_TIMEOUT", default_value_t = 900.0)]
+    pub nats_req_idle_timeout: f64,
+
+    /// NATS requests: seconds a whole request may take before it is answered 504 (or
+    /// its stream ended) and cancelled on the worker (0: no cap).
+    #[arg(long, env = "INFERA_NATS_REQ_MAX_DURATION", default_value_t = 0.0)]
+    pub nats_req_max_duration: f64,
+
+    /// NATS requests: admission backlog per worker. Above 0, requests go through the
+    /// `INFERA_REQUESTS` JetStream work queue, a worker holding this many unanswered
+    /// requests gets no more, and with every worker full the client gets 429 (the
+    /// workers run with the same value). 0: plain NATS, no admission.
+    #[arg(long, env = "INFERA_NATS_REQ_MAX_PENDING", default_value_t = 0)]
+    pub nats_req_max_pending: u64,
+
+    /// Times a streamed generation may move to another worker when its worker fails or
+    /// drains mid-stream (over HTTP or NATS): the prompt plus what was generated, the
+    /// token budget reduced by it, continued so the client reads one stream. 0: never
+    /// (the stream ends with an error event).
+    #[arg(long, env = "INFERA_MIGRATION_LIMIT", default_value_t = 0)]
+    pub migration_limit: u32,
 
     /// kv-aware weight of uncached blocks against load.
     #[arg(long, env = "INFERA_KV_OVERLAP_WEIGHT", default_value_t = 1.0)]
@@ -509,6 +542,27 @@ impl GatewayConfig {
         }
     }
 
+    /// The NATS server: `--nats-server`, else the earlier server's `$NATS_SERVER`, else
+    /// `$NATS_URL`, else `nats://127.0.0.1:4222`.
+    pub fn nats_url(&self, env: impl Fn(&str) -> Option<String>) -> String {
+        self.nats_server
+            .clone()
+            .or_else(|| env("NATS_SERVER"))
+            .or_else(|| env("NATS_URL"))
+            .filter(|u| !u.trim().is_empty())
+            .unwrap_or_else(|| DEFAULT_NATS_URL.into())
+    }
+
+    /// The request plane's timeouts and admission limit.
+    pub fn plane_settings(&self) -> crate::nats_plane::PlaneSettings {
+        let seconds = |s: f64| (s > 0.0).then(|| std::time::Duration::from_secs_f64(s));
+        crate::nats_plane::PlaneSettings {
+            idle_timeout: seconds(self.nats_req_idle_timeout),
+            max_duration: seconds(self.nats_req_max_duration),
+            max_pending: self.nats_req_max_pending,
+        }
+    }
+
     /// Whether routing follows the engines' KV caches.
     pub fn kv_aware(&self) -> bool {
         self.router_policy == PolicyArg::KvAware
@@ -532,14 +586,10 @@ impl GatewayConfig {
                 .validate(&self.etcd_endpoints)
                 .map_err(|e| ConfigError(e.0))?;
         }
-        if self.kv_aware()
-            && self.kv_event_transport == KvEventTransport::Nats
-            && self.nats_server.is_none()
-        {
+        let timeouts = [self.nats_req_idle_timeout, self.nats_req_max_duration];
+        if timeouts.iter().any(|t| !t.is_finite() || *t < 0.0) {
             return Err(ConfigError(
-                "--kv-event-transport nats needs --nats-server URL (or INFERA_NATS_SERVER; \
-                 the earlier server's $NATS_SERVER and its nats://127.0.0.1:4222 default \
-                 are not read)"
+                "--nats-req-idle-timeout and --nats-req-max-duration are seconds, 0 (off) or more"
                     .into(),
             ));
         }
@@ -687,19 +737,12 @@ mod tests {
                 .to_string()
                 .contains("--kv-prefill-overlap-weight")
         );
-        let cfg = GatewayConfig::try_parse_from([
-            "g",
-            "--router-policy",
-            "kv-aware",
-            "--kv-event-transport",
-            "nats",
-        ])
-        .unwrap();
+        let cfg = GatewayConfig::try_parse_from(["g", "--nats-req-idle-timeout=-1"]).unwrap();
         assert!(
             cfg.validate()
                 .unwrap_err()
                 .to_string()
-                .contains("--nats-server")
+                .contains("--nats-req-idle-timeout")
         );
         let cfg = GatewayConfig::try_parse_from(["g", "--discovery-backend", "static"]).unwrap();
         assert!(

@@ -6,13 +6,16 @@
 use crate::forward::{Outbound, Upstream};
 use crate::health_check::stall_error;
 use crate::kv_router::KvCharge;
+use crate::migration::asks_token_ids;
+use crate::nats_plane::{NatsPlane, Outgoing, PlaneError};
 use crate::offload::off_workers;
 use crate::registry::Target;
 use crate::router::build_attempt_candidates;
 use crate::routing::{Selection, Selector};
+use crate::worker_response::WorkerResponse;
 use bytes::Bytes;
 use infera_proto::error_class::{ApiError, ErrorClass};
-use infera_proto::retention::{Retention, retention_fields};
+use infera_proto::retention::retention_fields;
 use infera_telemetry::propagation::TraceContext;
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value};
@@ -23,7 +26,7 @@ use tracing::Instrument;
 #[derive(Debug)]
 pub struct Dispatched {
     /// The response (body not yet read).
-    pub response: reqwest::Response,
+    pub response: WorkerResponse,
     /// Who answered.
     pub target: Target,
     /// The request's kv-aware charge on it (the pick's), released when dropped.
@@ -34,10 +37,19 @@ fn url_for(target: &Target, path: &str) -> String {
     format!("{}{path}", target.record.url.trim_end_matches('/'))
 }
 
-/// The body as `target`'s engine should see it: the retention in its own field. The
-/// request is serialized as it stands with those few fields put in place, never copied.
-fn body_for(target: &Target, body: &Map<String, Value>, retention: Retention) -> Bytes {
-    let fields = retention_fields(body, target.record.engine, retention);
+/// The body as `target`'s engine should see it: the retention in its own field, and
+/// (a stream the gateway may move) `return_token_ids` where the engine honours it, so a
+/// move continues from exact ids. The request is serialized as it stands with those few
+/// fields put in place, never copied.
+fn body_for(target: &Target, request: &Outbound<'_>) -> Bytes {
+    let (body, engine) = (request.body, target.record.engine);
+    let mut fields = retention_fields(body, engine, request.retention);
+    if request.migratable
+        && !body.contains_key("return_token_ids")
+        && asks_token_ids(engine, request.kind)
+    {
+        fields.insert("return_token_ids".into(), Value::Bool(true));
+    }
     Bytes::from(
         serde_json::to_vec(&WithFields {
             body,
@@ -148,22 +160,16 @@ pub async fn send_with_failover(
         let worker = target.record.worker_id.clone();
         upstream.breakers.try_acquire(&worker, now);
         upstream.metrics.record_pick(selector.role(), &worker);
-        let body = off_workers(request.body_bytes, || {
-            body_for(&target, request.body, request.retention)
-        });
+        let body = off_workers(request.body_bytes, || body_for(&target, request));
         let span = send_span(selector.role(), &target, request.kind.path());
-        let mut post = build_post(
-            upstream,
-            &target,
-            request.kind.path(),
-            (request_id, request.trace, &span),
-            body,
-        );
-        if let Some(rank) = target.dp_rank {
-            post = post.header("x-data-parallel-rank", rank.to_string());
-        }
-        let answer = tokio::select! {
-            answer = tokio::time::timeout(upstream.request_timeout, post.send()).instrument(span.clone()) => answer,
+        let sent = async {
+            match upstream.nats_for(&target) {
+                Some(plane) => send_nats(plane, &target, request, &span, body).await,
+                None => send_http(upstream, &target, request, &span, body).await,
+            }
+        };
+        let attempt = tokio::select! {
+            attempt = sent.instrument(span.clone()) => attempt,
             stalled = stall_error(&upstream.breakers, "worker", &worker) => {
                 span.record("otel.status_code", "ERROR");
                 // A hung engine: try another, as for one that cannot be reached.
@@ -172,52 +178,148 @@ pub async fn send_with_failover(
                 continue;
             }
         };
-        record_answer(&span, &answer);
-        match answer {
-            Err(_) => {
-                upstream.breakers.on_failure(&worker, Instant::now());
-                return Err(ApiError::new(
-                    ErrorClass::GatewayTimeout,
-                    format!(
-                        "worker {worker} did not answer within {:?}",
-                        upstream.request_timeout
-                    ),
-                ));
-            }
-            Ok(Err(e)) => {
-                upstream.breakers.on_failure(&worker, Instant::now());
-                tracing::warn!(worker = %worker, request_id, "worker unreachable: {e}");
-                last_error = Some(ApiError::new(
-                    ErrorClass::BadGateway,
-                    format!("worker {worker} is unreachable: {}", root_cause(&e)),
-                ));
-            }
-            Ok(Ok(response)) if response.status().is_server_error() => {
-                upstream.breakers.on_failure(&worker, Instant::now());
-                tracing::warn!(worker = %worker, request_id, status = %response.status(), "worker answered with a server error");
-                if tried.len() > upstream.max_retries as usize
-                    || build_attempt_candidates(candidates, &tried, |_| true).is_empty()
-                {
-                    return Ok(Dispatched {
-                        response,
-                        target,
-                        charge,
-                    });
-                }
-            }
-            Ok(Ok(response)) => {
-                // Any answer below 500 shows the worker is up (4xx never count as faults).
+        let response = match attempt {
+            Attempt::Answered(response) => response,
+            Attempt::Busy(e) => {
+                // Full, not faulty: another worker may have room.
                 upstream.breakers.on_success(&worker);
+                last_error = Some(e);
+                continue;
+            }
+            Attempt::Retry(e) => {
+                upstream.breakers.on_failure(&worker, Instant::now());
+                tracing::warn!(worker = %worker, request_id, "{}", e.message);
+                last_error = Some(e);
+                continue;
+            }
+            Attempt::Fail(e) => {
+                upstream.breakers.on_failure(&worker, Instant::now());
+                return Err(e);
+            }
+        };
+        if response.status.is_server_error() {
+            upstream.breakers.on_failure(&worker, Instant::now());
+            tracing::warn!(worker = %worker, request_id, status = %response.status, "worker answered with a server error");
+            if tried.len() > upstream.max_retries as usize
+                || build_attempt_candidates(candidates, &tried, |_| true).is_empty()
+            {
                 return Ok(Dispatched {
                     response,
                     target,
                     charge,
                 });
             }
+            continue;
         }
+        // Any answer below 500 shows the worker is up (4xx never count as faults).
+        upstream.breakers.on_success(&worker);
+        return Ok(Dispatched {
+            response,
+            target,
+            charge,
+        });
     }
     Err(last_error
         .unwrap_or_else(|| ApiError::new(ErrorClass::ServiceUnavailable, "no worker is available")))
+}
+
+/// How one attempt went.
+enum Attempt {
+    /// The worker answered (headers, or a NATS request's first frame).
+    Answered(WorkerResponse),
+    /// The worker is at its admission limit: another may have room.
+    Busy(ApiError),
+    /// The worker failed before answering: another may serve it.
+    Retry(ApiError),
+    /// Give up (a timeout: the request may be running there).
+    Fail(ApiError),
+}
+
+/// One attempt over HTTP.
+async fn send_http(
+    upstream: &Upstream,
+    target: &Target,
+    request: &Outbound<'_>,
+    span: &tracing::Span,
+    body: Bytes,
+) -> Attempt {
+    let worker = &target.record.worker_id;
+    let mut post = build_post(
+        upstream,
+        target,
+        request.kind.path(),
+        (request.request_id, request.trace, span),
+        body,
+    );
+    if let Some(rank) = target.dp_rank {
+        post = post.header("x-data-parallel-rank", rank.to_string());
+    }
+    let answer = tokio::time::timeout(upstream.request_timeout, post.send()).await;
+    record_answer(span, &answer);
+    match answer {
+        Err(_) => Attempt::Fail(ApiError::new(
+            ErrorClass::GatewayTimeout,
+            format!(
+                "worker {worker} did not answer within {:?}",
+                upstream.request_timeout
+            ),
+        )),
+        Ok(Err(e)) => Attempt::Retry(ApiError::new(
+            ErrorClass::BadGateway,
+            format!("worker {worker} is unreachable: {}", root_cause(&e)),
+        )),
+        Ok(Ok(response)) => Attempt::Answered(WorkerResponse::from_http(response)),
+    }
+}
+
+/// One attempt over the NATS request plane: the same headers an HTTP attempt sends,
+/// in the envelope.
+async fn send_nats(
+    plane: &NatsPlane,
+    target: &Target,
+    request: &Outbound<'_>,
+    span: &tracing::Span,
+    body: Bytes,
+) -> Attempt {
+    let worker = &target.record.worker_id;
+    let mut headers: Vec<(&str, String)> = vec![(
+        crate::forward::REQUEST_ID_HEADER,
+        request.request_id.to_owned(),
+    )];
+    let trace = request.trace.upstream_headers(span);
+    for (name, value) in &trace {
+        if let Ok(v) = value.to_str() {
+            headers.push((name.as_str(), v.to_owned()));
+        }
+    }
+    if let Some(rank) = target.dp_rank {
+        headers.push(("x-data-parallel-rank", rank.to_string()));
+    }
+    let out = Outgoing {
+        path: request.kind.path(),
+        stream: request.stream,
+        headers: &headers,
+        body: &body,
+        migratable: request.migratable,
+    };
+    let answer = plane.send(worker, &out).await;
+    match &answer {
+        Ok(r) => {
+            span.record("http.status_code", r.status.as_u16());
+            if r.status.is_server_error() {
+                span.record("otel.status_code", "ERROR");
+            }
+        }
+        Err(_) => {
+            span.record("otel.status_code", "ERROR");
+        }
+    }
+    match answer {
+        Ok(response) => Attempt::Answered(response),
+        Err(e @ PlaneError::Busy(_)) => Attempt::Busy(e.to_api_error(worker)),
+        Err(e) if e.retryable() => Attempt::Retry(e.to_api_error(worker)),
+        Err(e) => Attempt::Fail(e.to_api_error(worker)),
+    }
 }
 
 /// The innermost cause of a client error ("connection refused", not "error sending request").

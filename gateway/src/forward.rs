@@ -11,6 +11,7 @@ use crate::config::GatewayConfig;
 use crate::dispatch::send_with_failover;
 use crate::gateway::Inflight;
 use crate::metrics::{Metrics, Outcome};
+use crate::nats_plane::NatsPlane;
 use crate::pd::connectors::{PdError, PdIds, PdPair, resolve_protocol};
 use crate::pd::dispatch::send_pair;
 use crate::registry::Target;
@@ -18,9 +19,11 @@ use crate::relay::{Abort, RequestGuard};
 use crate::router::{Plan, build_attempt_candidates};
 use crate::routing::{RequestRouting, Selector};
 use crate::validate::ApiKind;
+use crate::worker_response::WorkerResponse;
 use infera_proto::error_class::{ApiError, ErrorClass};
 use infera_proto::pd::PdProtocol;
 use infera_proto::retention::Retention;
+use infera_proto::worker::RequestTransport;
 use infera_telemetry::propagation::TraceContext;
 use serde_json::{Map, Value};
 use std::sync::Arc;
@@ -47,6 +50,10 @@ pub struct Upstream {
     pub idle_timeout: Duration,
     /// Other workers tried after the first (`--request-max-retries`).
     pub max_retries: u32,
+    /// The NATS request plane (`--request-transport nats`), set once connected.
+    pub nats: Arc<tokio::sync::OnceCell<NatsPlane>>,
+    /// Moves of a live generation to another worker (`--migration-limit`; 0 off).
+    pub migration_limit: u32,
 }
 
 impl Upstream {
@@ -66,7 +73,17 @@ impl Upstream {
             request_timeout: Duration::from_secs_f64(cfg.request_timeout_s),
             idle_timeout: Duration::from_secs_f64(cfg.stream_idle_timeout_s),
             max_retries: cfg.request_max_retries,
+            nats: Arc::default(),
+            migration_limit: cfg.migration_limit,
         }
+    }
+
+    /// The request plane to reach `target` by: NATS for a worker that registered
+    /// `request_transport: nats` while the gateway runs it, HTTP otherwise.
+    pub fn nats_for(&self, target: &Target) -> Option<&NatsPlane> {
+        self.nats
+            .get()
+            .filter(|_| target.record.request_transport == RequestTransport::Nats)
     }
 }
 
@@ -85,12 +102,16 @@ pub struct Outbound<'a> {
     pub request_id: &'a str,
     /// The client's trace context, continued on every request to a worker.
     pub trace: &'a TraceContext,
+    /// Whether the client asked for a stream.
+    pub stream: bool,
+    /// Whether the gateway can continue this generation on another worker.
+    pub migratable: bool,
 }
 
 /// A worker's response on its way to the client, with the request's bookkeeping.
 pub struct Forwarded {
     /// The response (body not yet read).
-    pub response: reqwest::Response,
+    pub response: WorkerResponse,
     /// The worker answering (the decode worker of a prefill/decode pair).
     pub worker: String,
     /// Owns metrics, in-flight counts and kv charges until the relay ends.
@@ -102,7 +123,7 @@ pub struct Forwarded {
 impl std::fmt::Debug for Forwarded {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Forwarded")
-            .field("status", &self.response.status())
+            .field("status", &self.response.status)
             .field("worker", &self.worker)
             .field("abort", &self.abort.is_some())
             .finish_non_exhaustive()
@@ -120,17 +141,9 @@ pub async fn forward(
     let span = tracing::Span::current();
     span.record("router", plan.router());
     let mut guard = RequestGuard::new(upstream.metrics.clone(), plan.router(), started, span);
-    let sent = match plan {
-        Plan::Mixed(candidates) => {
-            send_mixed(upstream, routing, candidates, request, &mut guard).await
-        }
-        Plan::Disagg(prefill, decode) => {
-            send_disagg(upstream, routing, prefill, decode, request, &mut guard).await
-        }
-    };
-    match sent {
+    match send_planned(upstream, plan, routing, request, &mut guard).await {
         Ok((response, worker, abort)) => {
-            guard.outcome = outcome_for(response.status());
+            guard.outcome = outcome_for(response.status);
             Ok(Forwarded {
                 response,
                 worker,
@@ -145,7 +158,25 @@ pub async fn forward(
     }
 }
 
-type Sent = (reqwest::Response, String, Option<Abort>);
+/// A worker's answer: the response, the worker answering, and the relay's abort.
+pub type Sent = (WorkerResponse, String, Option<Abort>);
+
+/// Sends `request` where `plan` says, its bookkeeping in `guard` (a moved generation's
+/// continuation is sent here with the request's own guard).
+pub async fn send_planned(
+    upstream: &Upstream,
+    plan: &Plan<'_>,
+    routing: &RequestRouting<'_>,
+    request: &Outbound<'_>,
+    guard: &mut RequestGuard,
+) -> Result<Sent, ApiError> {
+    match plan {
+        Plan::Mixed(candidates) => send_mixed(upstream, routing, candidates, request, guard).await,
+        Plan::Disagg(prefill, decode) => {
+            send_disagg(upstream, routing, prefill, decode, request, guard).await
+        }
+    }
+}
 
 /// The MixedRouter: one worker of the pool serves the request whole.
 async fn send_mixed(
@@ -197,7 +228,11 @@ async fn send_disagg(
         .span
         .record("prefill_worker", p.record.worker_id.as_str());
     let opened = send_pair(upstream, &pair, request).await?;
-    Ok((opened.response, d.record.worker_id.clone(), opened.abort))
+    Ok((
+        WorkerResponse::from_http(opened.response),
+        d.record.worker_id.clone(),
+        opened.abort,
+    ))
 }
 
 /// A prefill worker, then a decode worker that speaks its protocol (a fleet

@@ -31,6 +31,8 @@ pub mod kv_ingest;
 pub mod kv_policy;
 pub mod kv_router;
 pub mod metrics;
+pub mod migration;
+pub mod nats_plane;
 pub mod offload;
 pub mod pd;
 pub mod policy;
@@ -44,6 +46,7 @@ pub mod server;
 pub mod tls;
 pub mod tokenizer_fetch;
 pub mod validate;
+pub mod worker_response;
 
 #[cfg(test)]
 mod legacy_records_tests;

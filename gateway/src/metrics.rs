@@ -165,6 +165,8 @@ pub struct Metrics {
     kv_events: Family<One, Counter>,
     pd_legs: Histograms<LegWorker>,
     pd_failures: Family<One, Counter>,
+    migrations: Family<One, Counter>,
+    migrations_failed: Family<One, Counter>,
     pd_requests: Family<ProtocolOutcome, Counter>,
     pd_decode_retries: Counter,
     admission_refused: Counter,
@@ -192,6 +194,8 @@ impl Default for Metrics {
             kv_events: Family::default(),
             pd_legs: Family::new_with_constructor(pd_leg_histogram),
             pd_failures: Family::default(),
+            migrations: Family::default(),
+            migrations_failed: Family::default(),
             pd_requests: Family::default(),
             pd_decode_retries: Counter::default(),
             admission_refused: Counter::default(),
@@ -307,6 +311,18 @@ impl Metrics {
             "infera_pd_bootstrap_failures_total",
             "Prefill/decode requests that failed to set up or lost their prefill, by reason.",
             self.pd_failures.clone(),
+        );
+        register_counter(
+            r,
+            "infera_migrations_total",
+            "Live generations carried from one worker to another, by what prompted it.",
+            self.migrations.clone(),
+        );
+        register_counter(
+            r,
+            "infera_migrations_failed_total",
+            "Generations that could not be carried, and so ended visibly to the client.",
+            self.migrations_failed.clone(),
         );
         register_counter(
             r,
@@ -449,6 +465,19 @@ impl Metrics {
     /// A prefill/decode request that could not be set up or lost its prefill, by reason.
     pub fn record_pd_failure(&self, reason: &'static str) {
         self.pd_failures.get_or_create(&[("reason", reason)]).inc();
+    }
+
+    /// A generation moved to another worker (`stream_broken`, `worker_draining`).
+    pub fn record_migration(&self, reason: &'static str) {
+        self.migrations.get_or_create(&[("reason", reason)]).inc();
+    }
+
+    /// A generation that could not move (`no_candidate`, `no_first_byte`, `limit`,
+    /// `poisoned`).
+    pub fn record_migration_failed(&self, reason: &'static str) {
+        self.migrations_failed
+            .get_or_create(&[("reason", reason)])
+            .inc();
     }
 
     /// How a prefill/decode request ended.

@@ -17,7 +17,7 @@
 //! replaced by workers with a new tokenizer is accepted once the old one is gone.
 
 use arc_swap::ArcSwap;
-use infera_proto::worker::{DisaggMode, RequestTransport, RouteTarget, WorkerRecord, WorkerStatus};
+use infera_proto::worker::{DisaggMode, RouteTarget, WorkerRecord, WorkerStatus};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
@@ -316,13 +316,6 @@ impl Registry {
     fn upsert_as(&self, record: WorkerRecord, draining: Option<bool>) -> Change {
         if !self.check_canary(&record) {
             return Change::RejectedCanary;
-        }
-        if record.request_transport == RequestTransport::Nats {
-            tracing::info!(
-                worker = %record.worker_id,
-                "worker registered request_transport nats; the NATS request plane is not built yet, so it is reached over HTTP at {}",
-                record.url
-            );
         }
         let mut change = Change::Added;
         self.modify(|workers, set| {

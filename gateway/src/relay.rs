@@ -9,10 +9,12 @@
 //! comes).
 
 use crate::breaker::Breakers;
-use crate::forward::{Forwarded, Upstream};
+use crate::forward::{Forwarded, Sent, Upstream};
 use crate::gateway::Inflight;
 use crate::health_check::stall_error;
 use crate::metrics::{Metrics, Outcome};
+use crate::migration::{Continuation, MigrationState};
+use crate::nats_plane::is_hand_back;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use infera_proto::error_class::{ApiError, ErrorClass};
@@ -23,7 +25,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-type BodyStream = Pin<Box<dyn Stream<Item = Result<Bytes, std::io::Error>> + Send>>;
+use crate::worker_response::BodyStream;
 
 /// Resolves with an error when the relay must stop (a prefill leg failed).
 pub type Abort = Pin<Box<dyn Future<Output = ApiError> + Send>>;
@@ -83,6 +85,16 @@ impl RequestGuard {
         inflight.acquire(worker);
         self.inflight.push((inflight.clone(), worker.to_owned()));
     }
+
+    /// Stops counting the request in `worker`'s in-flight requests (it moved away).
+    pub fn release(&mut self, worker: &str) {
+        self.inflight.retain(|(inflight, w)| {
+            if w == worker {
+                inflight.release(w);
+            }
+            w != worker
+        });
+    }
 }
 
 impl Drop for RequestGuard {
@@ -122,6 +134,36 @@ struct RelayState {
     last: Option<Instant>,
     done: bool,
     abort: Option<Abort>,
+    migration: Option<Migration>,
+}
+
+/// Sends a moved generation's continuation (excluding the workers it failed on), with
+/// the request's own guard.
+pub type Resume = Box<
+    dyn for<'g> FnMut(
+            Continuation,
+            Vec<String>,
+            &'g mut RequestGuard,
+        ) -> futures::future::BoxFuture<'g, Result<Sent, ApiError>>
+        + Send,
+>;
+
+/// What a relay needs to move its generation to another worker mid-stream.
+pub struct Migration {
+    /// What has been relayed, and how to continue it.
+    pub state: MigrationState,
+    /// Sends the continuation.
+    pub resume: Resume,
+    /// Workers the generation failed on.
+    pub failed: Vec<String>,
+}
+
+impl std::fmt::Debug for Migration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Migration")
+            .field("failed", &self.failed)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The next upstream chunk, or the abort's error if it fires first.
@@ -262,11 +304,13 @@ fn pumped(mut body: BodyStream) -> BodyStream {
 
 /// The client-bound body for a forwarded response, chunk by chunk with the relay's
 /// bookkeeping (`sse`: failures become an error event rather than a cut connection, and
-/// the worker's body is [`pumped`]).
+/// the worker's body is [`pumped`]). With a [`Migration`], an SSE stream whose worker
+/// fails or drains mid-stream continues on another worker.
 pub fn relay_body(
     forwarded: Forwarded,
     upstream: &Upstream,
     sse: bool,
+    migration: Option<Migration>,
 ) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + use<> {
     let Forwarded {
         response,
@@ -276,11 +320,7 @@ pub fn relay_body(
     } = forwarded;
     let breakers = upstream.breakers.clone();
     let abort = with_stall(abort, &breakers, &worker);
-    let body: BodyStream = Box::pin(
-        response
-            .bytes_stream()
-            .map(|r| r.map_err(std::io::Error::other)),
-    );
+    let body = response.body;
     let state = RelayState {
         upstream: if sse { pumped(body) } else { body },
         guard,
@@ -291,68 +331,175 @@ pub fn relay_body(
         last: None,
         done: false,
         abort,
+        migration: migration.filter(|_| sse),
     };
     futures::stream::unfold(state, |mut st| async move {
         if st.done {
             return None;
         }
-        let next = tokio::time::timeout(st.idle, next_or_abort(&mut st.upstream, &mut st.abort));
-        let failure = match next.await {
-            Ok(Err(aborted)) => {
-                st.guard.outcome = Outcome::UpstreamError;
-                st.done = true;
-                tracing::warn!(worker = %st.worker, "{}", aborted.message);
-                return Some(if st.sse {
-                    (Ok(Bytes::from(aborted.to_sse_event())), st)
-                } else {
-                    (Err(std::io::Error::other(aborted.message)), st)
-                });
-            }
-            Ok(Ok(Some(Ok(chunk)))) => {
-                let now = Instant::now();
-                match st.last {
-                    None => {
-                        tracing::debug!(target: SPAN_EVENTS, parent: &st.guard.span, "first byte");
-                        st.guard
-                            .metrics
-                            .observe_ttft(now.duration_since(st.guard.started).as_secs_f64())
-                    }
-                    Some(prev) => st
-                        .guard
-                        .metrics
-                        .observe_itl(now.duration_since(prev).as_secs_f64()),
+        loop {
+            let next =
+                tokio::time::timeout(st.idle, next_or_abort(&mut st.upstream, &mut st.abort));
+            let (failure, draining) = match next.await {
+                Ok(Err(aborted)) => {
+                    st.guard.outcome = Outcome::UpstreamError;
+                    st.done = true;
+                    tracing::warn!(worker = %st.worker, "{}", aborted.message);
+                    return Some(if st.sse {
+                        (Ok(Bytes::from(aborted.to_sse_event())), st)
+                    } else {
+                        (Err(std::io::Error::other(aborted.message)), st)
+                    });
                 }
-                st.last = Some(now);
-                return Some((Ok(chunk), st));
+                Ok(Ok(Some(Ok(chunk)))) => {
+                    let now = Instant::now();
+                    match st.last {
+                        None => {
+                            tracing::debug!(target: SPAN_EVENTS, parent: &st.guard.span, "first byte");
+                            st.guard
+                                .metrics
+                                .observe_ttft(now.duration_since(st.guard.started).as_secs_f64())
+                        }
+                        Some(prev) => st
+                            .guard
+                            .metrics
+                            .observe_itl(now.duration_since(prev).as_secs_f64()),
+                    }
+                    st.last = Some(now);
+                    let out = match st.migration.as_mut() {
+                        Some(m) => Bytes::from(m.state.observe(&chunk)),
+                        None => chunk,
+                    };
+                    if out.is_empty() {
+                        // Part of a line: it leaves with the rest.
+                        continue;
+                    }
+                    return Some((Ok(out), st));
+                }
+                Ok(Ok(None)) => {
+                    st.guard.set_outcome(Outcome::Ok);
+                    st.done = true;
+                    let rest = st.migration.as_mut().map(|m| m.state.take_pending());
+                    return rest
+                        .filter(|r| !r.is_empty())
+                        .map(|r| (Ok(Bytes::from(r)), st));
+                }
+                Ok(Ok(Some(Err(e)))) => (
+                    ApiError::new(
+                        ErrorClass::BadGateway,
+                        format!("worker {} broke the stream: {e}", st.worker),
+                    ),
+                    is_hand_back(&e),
+                ),
+                Err(_) => (
+                    ApiError::new(
+                        ErrorClass::GatewayTimeout,
+                        format!("worker {} sent nothing for {:?}", st.worker, st.idle),
+                    ),
+                    false,
+                ),
+            };
+            if !draining {
+                st.breakers.on_failure(&st.worker, Instant::now());
             }
-            Ok(Ok(None)) => {
-                st.guard.set_outcome(Outcome::Ok);
-                return None;
+            if st.migration.is_some() {
+                match migrate(&mut st, draining).await {
+                    Moved::Yes => continue,
+                    Moved::Finished => {
+                        st.guard.set_outcome(Outcome::Ok);
+                        st.done = true;
+                        return Some((Ok(Bytes::from_static(b"data: [DONE]\n\n")), st));
+                    }
+                    Moved::No => {}
+                }
             }
-            Ok(Ok(Some(Err(e)))) => {
-                st.guard.outcome = Outcome::UpstreamError;
-                ApiError::new(
-                    ErrorClass::BadGateway,
-                    format!("worker {} broke the stream: {e}", st.worker),
-                )
-            }
-            Err(_) => {
-                st.guard.outcome = Outcome::Timeout;
-                ApiError::new(
-                    ErrorClass::GatewayTimeout,
-                    format!("worker {} sent nothing for {:?}", st.worker, st.idle),
-                )
-            }
-        };
-        st.done = true;
-        st.breakers.on_failure(&st.worker, Instant::now());
-        tracing::warn!(worker = %st.worker, "{}", failure.message);
-        if st.sse {
-            Some((Ok(Bytes::from(failure.to_sse_event())), st))
-        } else {
-            Some((Err(std::io::Error::other(failure.message)), st))
+            st.guard.outcome = if failure.class == ErrorClass::GatewayTimeout {
+                Outcome::Timeout
+            } else {
+                Outcome::UpstreamError
+            };
+            st.done = true;
+            tracing::warn!(worker = %st.worker, "{}", failure.message);
+            return if st.sse {
+                Some((Ok(Bytes::from(failure.to_sse_event())), st))
+            } else {
+                Some((Err(std::io::Error::other(failure.message)), st))
+            };
         }
     })
+}
+
+/// How a migration attempt went.
+enum Moved {
+    /// The stream goes on from another worker.
+    Yes,
+    /// Nothing was left to generate: the stream only needs its end.
+    Finished,
+    /// It could not move (counted).
+    No,
+}
+
+/// Moves the relay's generation to another worker after its own failed (`draining`:
+/// handed back).
+async fn migrate(st: &mut RelayState, draining: bool) -> Moved {
+    let Some(m) = st.migration.as_mut() else {
+        return Moved::No;
+    };
+    let metrics = st.guard.metrics.clone();
+    if m.state.finished() {
+        return Moved::Finished;
+    }
+    if !m.state.can_migrate() {
+        let reason = if m.state.refusal().is_some() {
+            "poisoned"
+        } else {
+            "limit"
+        };
+        if let Some(why) = m.state.refusal() {
+            tracing::warn!(worker = %st.worker, "the stream cannot move: {}", why.describe());
+        }
+        metrics.record_migration_failed(reason);
+        return Moved::No;
+    }
+    let reason = if draining {
+        "worker_draining"
+    } else {
+        "stream_broken"
+    };
+    m.failed.push(st.worker.clone());
+    st.guard.release(&st.worker);
+    let continuation = m.state.next_continuation();
+    let exact = continuation.exact;
+    let sent = (m.resume)(continuation, m.failed.clone(), &mut st.guard).await;
+    match sent {
+        Ok((response, worker, abort)) if response.status.is_success() && response.is_sse() => {
+            tracing::info!(
+                from = %st.worker, to = %worker, reason,
+                tokens = m.state.produced_tokens(), exact,
+                "moved a live generation"
+            );
+            metrics.record_migration(reason);
+            st.abort = with_stall(abort, &st.breakers, &worker);
+            st.upstream = pumped(response.body);
+            st.worker = worker;
+            Moved::Yes
+        }
+        Ok((response, worker, _)) => {
+            tracing::warn!(to = %worker, status = %response.status, "the continuation was refused");
+            metrics.record_migration_failed("no_first_byte");
+            Moved::No
+        }
+        Err(e) => {
+            tracing::warn!("the continuation found no worker: {}", e.message);
+            let reason = if e.class == ErrorClass::ServiceUnavailable {
+                "no_candidate"
+            } else {
+                "no_first_byte"
+            };
+            metrics.record_migration_failed(reason);
+            Moved::No
+        }
+    }
 }
 
 #[cfg(test)]

@@ -147,13 +147,30 @@ pub enum Plan<'s> {
     Disagg(Cow<'s, [Target]>, Cow<'s, [Target]>),
 }
 
-impl Plan<'_> {
+impl<'s> Plan<'s> {
     /// The router label of its metrics: `mixed` or `disagg`.
     pub fn router(&self) -> &'static str {
         match self {
             Self::Mixed(_) => "mixed",
             Self::Disagg(..) => "disagg",
         }
+    }
+
+    /// The plan without `workers` (those a moved generation failed on); `None` when a
+    /// pool it needs is left empty.
+    pub fn without(self, workers: &[String]) -> Option<Self> {
+        let keep = |pool: Cow<'s, [Target]>| -> Option<Cow<'s, [Target]>> {
+            let kept: Vec<Target> = pool
+                .iter()
+                .filter(|t| !workers.contains(&t.record.worker_id))
+                .cloned()
+                .collect();
+            (!kept.is_empty()).then_some(Cow::Owned(kept))
+        };
+        Some(match self {
+            Self::Mixed(c) => Self::Mixed(keep(c)?),
+            Self::Disagg(p, d) => Self::Disagg(keep(p)?, keep(d)?),
+        })
     }
 
     /// Every candidate, for the block sizes a request is hashed at.

@@ -4,7 +4,7 @@
 //! stops discovery.
 
 use crate::api::build_router;
-use crate::config::{ConfigError, DiscoveryBackend, KvEventTransport};
+use crate::config::{ConfigError, DiscoveryBackend, KvEventTransport, RequestTransportArg};
 use crate::discovery::etcd::run_etcd_discovery;
 use crate::discovery::kubernetes::{build_kube_client, run_kubernetes_discovery};
 use crate::discovery::static_file::{load_worker_file, watch_worker_file};
@@ -12,6 +12,7 @@ use crate::gateway::Gateway;
 use crate::health_check::run_health_checks;
 use crate::http_serve::{ServeOptions, serve};
 use crate::kv_ingest::{run_nats_ingest, run_zmq_ingest};
+use crate::nats_plane::NatsPlane;
 use crate::reload::{RELOAD_INTERVAL, reload_every};
 use crate::tls::TlsCertificates;
 use crate::tokenizer_fetch::run_tokenizer_fetch;
@@ -73,6 +74,15 @@ pub async fn start_gateway(
     let (stop, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     let cfg = &gateway.cfg;
+    if cfg.request_transport == RequestTransportArg::Nats {
+        let url = cfg.nats_url(|k| std::env::var(k).ok());
+        let plane = NatsPlane::connect(&url, cfg.plane_settings())
+            .await
+            .map_err(ConfigError)?;
+        tracing::info!(url, settings = ?plane.settings(), "NATS request plane connected");
+        // Set once, here, before the listener opens.
+        let _ = gateway.upstream.nats.set(plane);
+    }
     match cfg.discovery_backend {
         DiscoveryBackend::Etcd => {
             tasks.spawn(run_etcd_discovery(
@@ -126,17 +136,17 @@ pub async fn start_gateway(
 fn spawn_kv_ingest(gateway: &Arc<Gateway>, tasks: &mut JoinSet<()>, stop: &watch::Receiver<bool>) {
     let Some(kv) = gateway.kv.clone() else { return };
     let (registry, metrics) = (gateway.registry.clone(), gateway.metrics.clone());
-    match (gateway.cfg.kv_event_transport, &gateway.cfg.nats_server) {
-        (KvEventTransport::Nats, Some(url)) => {
+    match gateway.cfg.kv_event_transport {
+        KvEventTransport::Nats => {
             tasks.spawn(run_nats_ingest(
-                url.clone(),
+                gateway.cfg.nats_url(|k| std::env::var(k).ok()),
                 registry,
                 kv,
                 metrics,
                 stop.clone(),
             ));
         }
-        _ => {
+        KvEventTransport::Zmq => {
             tasks.spawn(run_zmq_ingest(registry, kv, metrics, stop.clone()));
         }
     }

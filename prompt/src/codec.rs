@@ -228,7 +228,29 @@ impl PromptCodec {
             .get("chat_template_kwargs")
             .and_then(Json::as_object)
             .unwrap_or(&no_extra);
-        let text = self.render_chat(messages, body.get("tools"), true, extra)?;
+        let continue_final = body
+            .get("continue_final_message")
+            .and_then(Json::as_bool)
+            .unwrap_or(false);
+        let add_generation_prompt = !continue_final
+            && body
+                .get("add_generation_prompt")
+                .and_then(Json::as_bool)
+                .unwrap_or(true);
+        let mut text =
+            self.render_chat(messages, body.get("tools"), add_generation_prompt, extra)?;
+        if continue_final {
+            // The final message stays open: the text ends where its content does.
+            let last = messages
+                .as_array()
+                .and_then(|m| m.last())
+                .and_then(|m| m.get("content"))
+                .and_then(Json::as_str)
+                .filter(|c| !c.is_empty());
+            if let Some(end) = last.and_then(|c| text.rfind(c).map(|at| at + c.len())) {
+                text.truncate(end);
+            }
+        }
         self.encode(&text, false)
     }
 

@@ -14,6 +14,7 @@
 //! - [`kv_stream`]: ZMQ framing and the NATS JetStream subjects events are relayed on.
 //! - [`retention`]: retention classes, client cache hints and per-engine forwarding.
 //! - [`pd`]: prefill/decode connector protocol names and their leg order.
+//! - [`request_plane`]: the NATS request plane: envelope, reply frames, cancels, admission.
 //! - [`error_class`]: the gateway's closed set of errors and their OpenAI/Anthropic JSON.
 //! - [`sidecar`]: the drain header and variable the operator renders for the sidecar.
 
@@ -23,6 +24,7 @@ pub mod error_class;
 pub mod kv_events;
 pub mod kv_stream;
 pub mod pd;
+pub mod request_plane;
 pub mod retention;
 pub mod sidecar;
 pub mod tokenizer;

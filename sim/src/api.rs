@@ -10,8 +10,8 @@ use crate::generate::OutputGenerator;
 use crate::handoff;
 use crate::metrics::render_metrics;
 use crate::openai::{
-    Endpoint, ParsedRequest, PromptInput, Rejection, ResponseMeta, build_chunk, build_response,
-    build_usage, build_usage_chunk, parse_request,
+    Endpoint, ParsedRequest, PromptInput, Rejection, ResponseMeta, add_token_ids, build_chunk,
+    build_response, build_usage, build_usage_chunk, parse_request,
 };
 use crate::pd::{self, PdLeg, PdRole};
 use axum::Router;
@@ -26,7 +26,6 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
-use xxhash_rust::xxh3::xxh3_64;
 
 /// Everything a worker's handlers share.
 #[derive(Debug)]
@@ -202,10 +201,6 @@ async fn generate(s: Shared, endpoint: Endpoint, headers: HeaderMap, body: Bytes
         Ok(p) => p,
         Err(r) => return error_response(&s, &r),
     };
-    let seed = req.seed.unwrap_or_else(|| {
-        let bytes: Vec<u8> = prompt.iter().flat_map(|t| t.to_le_bytes()).collect();
-        xxh3_64(&bytes)
-    });
     // Concurrent prefill/decode: a decode starts once its prefill computed the KV.
     let handoff =
         s.pd.as_ref()
@@ -225,7 +220,9 @@ async fn generate(s: Shared, endpoint: Endpoint, headers: HeaderMap, body: Bytes
     let new = NewRequest {
         id,
         prompt: prompt.clone(),
-        output: s.generator.generate(seed, req.max_tokens),
+        output: s
+            .generator
+            .continue_prompt(&prompt, req.seed, req.max_tokens),
         lora: None,
         remote_kv: plan.as_ref().is_some_and(|p| p.remote_kv),
     };
@@ -263,9 +260,9 @@ async fn generate(s: Shared, endpoint: Endpoint, headers: HeaderMap, body: Bytes
         endpoint,
     };
     if req.stream {
-        stream_response(s, meta, req, prompt.len(), rx)
+        stream_response(s, meta, req, prompt, rx)
     } else {
-        json_response(s, meta, req, prompt.len(), rx).await
+        json_response(s, meta, req, prompt, rx).await
     }
 }
 
@@ -273,9 +270,10 @@ async fn json_response(
     s: Shared,
     meta: ResponseMeta,
     req: ParsedRequest,
-    prompt_len: usize,
+    prompt: Vec<u32>,
     mut rx: mpsc::UnboundedReceiver<EngineOutput>,
 ) -> Response {
+    let prompt_len = prompt.len();
     let mut ids = Vec::with_capacity(req.max_tokens);
     let mut cached = 0;
     while let Some(out) = rx.recv().await {
@@ -310,7 +308,11 @@ async fn json_response(
         )
     });
     let usage = build_usage(prompt_len, ids.len(), cached);
-    axum::Json(build_response(&meta, &text, "length", usage, kv_params)).into_response()
+    let mut response = build_response(&meta, &text, "length", usage, kv_params);
+    if req.return_token_ids {
+        add_token_ids(&mut response, meta.endpoint, Some(&prompt), &ids);
+    }
+    axum::Json(response).into_response()
 }
 
 struct StreamState {
@@ -319,6 +321,9 @@ struct StreamState {
     rx: mpsc::UnboundedReceiver<EngineOutput>,
     ids: Vec<u32>,
     prompt_len: usize,
+    /// The prompt's ids, for the first chunk (`return_token_ids`).
+    prompt_ids: Option<Vec<u32>>,
+    return_token_ids: bool,
     include_usage: bool,
     fail_after: Option<u64>,
     done: bool,
@@ -346,7 +351,7 @@ fn stream_response(
     s: Shared,
     meta: ResponseMeta,
     req: ParsedRequest,
-    prompt_len: usize,
+    prompt: Vec<u32>,
     rx: mpsc::UnboundedReceiver<EngineOutput>,
 ) -> Response {
     let fail_after = s.faults.fail_after_tokens();
@@ -355,7 +360,9 @@ fn stream_response(
         meta,
         rx,
         ids: Vec::new(),
-        prompt_len,
+        prompt_len: prompt.len(),
+        prompt_ids: req.return_token_ids.then_some(prompt),
+        return_token_ids: req.return_token_ids,
         include_usage: req.include_usage,
         fail_after,
         done: false,
@@ -367,6 +374,16 @@ fn stream_response(
         }
         match st.rx.recv().await {
             Some(EngineOutput::Token(t)) => {
+                if st
+                    .s
+                    .faults
+                    .exit_after_tokens()
+                    .is_some_and(|k| st.ids.len() as u64 >= k)
+                {
+                    // Injected death: the process ends, every connection with it.
+                    tracing::warn!("sim fault exit_after_tokens: exiting");
+                    std::process::exit(137);
+                }
                 if st.fail_after.is_some_and(|k| st.ids.len() as u64 >= k) {
                     // Injected mid-stream failure: the connection breaks, as when an
                     // engine process dies.
@@ -380,8 +397,12 @@ fn stream_response(
                 st.cached = t.cached_tokens;
                 let text = text_delta(&st.s.codec, &st.ids);
                 let finish = t.finished.then_some("length");
-                let mut out =
-                    sse(&build_chunk(&st.meta, &text, st.ids.len() == 1, finish)).to_vec();
+                let mut chunk = build_chunk(&st.meta, &text, st.ids.len() == 1, finish);
+                if st.return_token_ids {
+                    let prompt = st.prompt_ids.take();
+                    add_token_ids(&mut chunk, st.meta.endpoint, prompt.as_deref(), &[t.token]);
+                }
+                let mut out = sse(&chunk).to_vec();
                 if t.finished {
                     if st.include_usage {
                         let usage = build_usage(st.prompt_len, st.ids.len(), st.cached);

@@ -183,6 +183,10 @@ pub struct Cli {
     #[arg(long)]
     pub fail_after_tokens: Option<u64>,
 
+    /// Fault: the process exits (as if killed) once a stream has sent K tokens.
+    #[arg(long)]
+    pub exit_after_tokens: Option<u64>,
+
     /// Fault: accept generation requests and never answer.
     #[arg(long)]
     pub hang: bool,
@@ -448,6 +452,7 @@ impl Cli {
         let faults = FaultSettings {
             fail_next: self.fail_first,
             fail_after_tokens: self.fail_after_tokens,
+            exit_after_tokens: self.exit_after_tokens,
             hang: self.hang,
             unhealthy: false,
         };

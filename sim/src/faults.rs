@@ -16,6 +16,10 @@ pub struct FaultSettings {
     /// Break every stream (drop the connection) after this many tokens.
     #[serde(default)]
     pub fail_after_tokens: Option<u64>,
+    /// Kill the whole worker process (as SIGKILL would: nothing more is written) once a
+    /// stream has sent this many tokens.
+    #[serde(default)]
+    pub exit_after_tokens: Option<u64>,
     /// Accept generation requests and never answer them.
     #[serde(default)]
     pub hang: bool,
@@ -29,6 +33,7 @@ pub struct FaultSettings {
 pub struct Faults {
     fail_next: AtomicU64,
     fail_after_tokens: AtomicU64,
+    exit_after_tokens: AtomicU64,
     hang: AtomicBool,
     unhealthy: AtomicBool,
 }
@@ -48,6 +53,8 @@ impl Faults {
         self.fail_next.store(s.fail_next, Ordering::SeqCst);
         self.fail_after_tokens
             .store(s.fail_after_tokens.unwrap_or(OFF), Ordering::SeqCst);
+        self.exit_after_tokens
+            .store(s.exit_after_tokens.unwrap_or(OFF), Ordering::SeqCst);
         self.hang.store(s.hang, Ordering::SeqCst);
         self.unhealthy.store(s.unhealthy, Ordering::SeqCst);
     }
@@ -58,6 +65,7 @@ impl Faults {
         FaultSettings {
             fail_next: self.fail_next.load(Ordering::SeqCst),
             fail_after_tokens: (after != OFF).then_some(after),
+            exit_after_tokens: self.exit_after_tokens(),
             hang: self.hang.load(Ordering::SeqCst),
             unhealthy: self.unhealthy.load(Ordering::SeqCst),
         }
@@ -73,6 +81,12 @@ impl Faults {
     /// Tokens after which streams break, if set.
     pub fn fail_after_tokens(&self) -> Option<u64> {
         let n = self.fail_after_tokens.load(Ordering::SeqCst);
+        (n != OFF).then_some(n)
+    }
+
+    /// Tokens after which the process dies, if set.
+    pub fn exit_after_tokens(&self) -> Option<u64> {
+        let n = self.exit_after_tokens.load(Ordering::SeqCst);
         (n != OFF).then_some(n)
     }
 
@@ -108,6 +122,7 @@ mod tests {
         let s = FaultSettings {
             fail_next: 1,
             fail_after_tokens: Some(3),
+            exit_after_tokens: Some(4),
             hang: true,
             unhealthy: true,
         };

@@ -40,6 +40,8 @@ pub struct ParsedRequest {
     pub max_tokens: usize,
     /// Sampling seed, if given.
     pub seed: Option<u64>,
+    /// `return_token_ids` (vLLM): prompt and output token ids in the response.
+    pub return_token_ids: bool,
 }
 
 /// A request the engine refuses: status, message, and the parameter at fault.
@@ -156,6 +158,10 @@ pub fn parse_request(
             Rejection::bad("'seed' must be a non-negative integer", Some("seed"))
         })?),
     };
+    let return_token_ids = body
+        .get("return_token_ids")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     Ok(ParsedRequest {
         endpoint,
         body,
@@ -164,7 +170,31 @@ pub fn parse_request(
         include_usage,
         max_tokens,
         seed,
+        return_token_ids,
     })
+}
+
+/// Adds token ids to a response or chunk as vLLM does under `return_token_ids`: the
+/// output's in `choices[0].token_ids`; the prompt's (`prompt`, on the whole response or
+/// the first chunk) top-level for chat, in the choice for completions.
+pub fn add_token_ids(
+    value: &mut Value,
+    endpoint: Endpoint,
+    prompt: Option<&[u32]>,
+    output: &[u32],
+) {
+    if let Some(choice) = value
+        .pointer_mut("/choices/0")
+        .and_then(Value::as_object_mut)
+    {
+        choice.insert("token_ids".into(), json!(output));
+        if let (Endpoint::Completions, Some(p)) = (endpoint, prompt) {
+            choice.insert("prompt_token_ids".into(), json!(p));
+        }
+    }
+    if let (Endpoint::Chat, Some(p), Some(map)) = (endpoint, prompt, value.as_object_mut()) {
+        map.insert("prompt_token_ids".into(), json!(p));
+    }
 }
 
 fn parse_prompt(prompt: Option<&Value>) -> Result<PromptInput, Rejection> {
