@@ -194,6 +194,11 @@ async fn invalid_manifests_are_rejected_with_a_message_naming_the_field() {
             "spec.serving.topologyRef applies to mode: disaggregated only",
         ),
         (
+            "the NATS request plane without NATS",
+            with_spec(BASE, &["messaging: {requestTransport: nats}"]),
+            "spec.messaging.requestTransport nats needs backend: nats",
+        ),
+        (
             "gidIndex with RDMA off",
             with_spec(BASE, &["network: {rdma: {gidIndex: 3}}"]),
             "spec.network.rdma.gidIndex is set but RDMA is off",

@@ -565,6 +565,11 @@ pub struct GatewaySpec {
     /// Serve HTTPS instead of HTTP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<GatewayTls>,
+    /// Times a streamed generation may move to another worker when its worker fails or
+    /// drains mid-stream (`--migration-limit`); 0 (the default) never moves one.
+    #[serde(default)]
+    #[schemars(range(max = 16))]
+    pub migration_limit: u32,
     /// Placement of gateway pods (node selector, tolerations, affinity, priority,
     /// spread), apart from the engines'. With two or more replicas a
     /// PodDisruptionBudget keeps all but one up through node drains.
@@ -602,6 +607,7 @@ impl Default for GatewaySpec {
             api_keys_secret_ref: None,
             metrics_require_auth: false,
             tls: None,
+            migration_limit: 0,
             scheduling: SchedulingSpec::default(),
             pod_template: None,
         }
@@ -713,10 +719,22 @@ pub enum MessagingBackend {
     Nats,
 }
 
-/// Message bus for KV events.
+/// How gateways reach workers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RequestTransport {
+    /// HTTP to each worker's URL.
+    #[default]
+    Http,
+    /// The NATS request plane: each worker's sidecar serves its subject.
+    Nats,
+}
+
+/// Message bus for KV events, and optionally for requests.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.backend == 'nats' || !has(self.natsUrl)").message("spec.messaging.natsUrl applies to backend: nats only; remove it or set backend: nats"))]
+#[x_kube(validation = Rule::new("self.backend == 'nats' || !has(self.requestTransport) || self.requestTransport == 'http'").message("spec.messaging.requestTransport nats needs backend: nats"))]
 pub struct MessagingSpec {
     /// none (the default) or nats.
     #[serde(default)]
@@ -726,6 +744,45 @@ pub struct MessagingSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^(nats|tls)://[^/\s]+$"))]
     pub nats_url: Option<String>,
+    /// http (the default) or nats: requests travel to workers over the NATS request
+    /// plane (the earlier system's default), which needs backend nats.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_transport: Option<RequestTransport>,
+    /// NATS requests: seconds a gateway waits for a worker's next reply before 504
+    /// (default 900; 0 waits forever).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub request_idle_timeout_seconds: Option<f64>,
+    /// NATS requests: seconds a whole request may take (default 0: no cap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub request_max_duration_seconds: Option<f64>,
+    /// NATS requests: admission backlog per worker through the INFERA_REQUESTS work
+    /// queue; a worker holding this many unanswered requests gets no more, and 429
+    /// when all are full (default 0: off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_max_pending: Option<u32>,
+}
+
+impl MessagingSpec {
+    /// The request-plane flags gateways and sidecars both take (none over HTTP).
+    pub fn request_plane_flags(&self) -> Vec<String> {
+        if self.request_transport != Some(RequestTransport::Nats) {
+            return Vec::new();
+        }
+        let mut flags = vec!["--request-transport".into(), "nats".into()];
+        let optional = [
+            ("--nats-req-idle-timeout", self.request_idle_timeout_seconds),
+            ("--nats-req-max-duration", self.request_max_duration_seconds),
+            ("--nats-req-max-pending", self.request_max_pending.map(f64::from)),
+        ];
+        for (flag, value) in optional {
+            if let Some(v) = value {
+                flags.extend([flag.to_owned(), v.to_string()]);
+            }
+        }
+        flags
+    }
 }
 
 /// The KV-cache daemon.

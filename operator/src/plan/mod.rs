@@ -44,6 +44,8 @@ pub struct Plan {
     pub discovery: Discovery,
     /// The NATS server KV events go through (messaging backend nats).
     pub nats_url: Option<String>,
+    /// The request-plane flags of gateways and sidecars (`requestTransport: nats`).
+    pub request_plane: Vec<String>,
     /// The cluster etcd's client certificate, copied into the deployment's namespace.
     pub etcd_client_copy: Option<EtcdClientTls>,
     /// The model is in place: workers run (else they wait at zero replicas).

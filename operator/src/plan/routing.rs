@@ -45,6 +45,8 @@ pub struct GatewayRouting {
     pub tokenizer: Option<Tokenizer>,
     /// Retention class of KV without a client hint, when kvd is on.
     pub default_retention: Option<String>,
+    /// Moves of a live generation to another worker (`--migration-limit`).
+    pub migration_limit: u32,
 }
 
 impl GatewayRouting {
@@ -73,6 +75,7 @@ impl GatewayRouting {
             ],
             tokenizer,
             default_retention,
+            migration_limit: g.migration_limit,
         }
     }
 }

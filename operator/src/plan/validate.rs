@@ -163,6 +163,7 @@ pub fn validate(
         deployment,
         discovery,
         nats_url,
+        request_plane: spec.messaging.request_plane_flags(),
         etcd_client_copy,
         model_ready: observed.model_ready,
     })

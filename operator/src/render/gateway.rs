@@ -152,7 +152,7 @@ fn gateway_args(plan: &Plan, model_path: &str) -> Vec<String> {
         messaging: plan
             .nats_url
             .as_deref()
-            .map(|url| nats_flags(url).to_vec())
+            .map(|url| [&nats_flags(url)[..], &plan.request_plane].concat())
             .unwrap_or_default(),
         model_path: model_path.to_owned(),
         tokenizer_from_workers: tokenizer_from_workers(plan).then_some(SIDECAR_PORT),

@@ -83,6 +83,12 @@ pub fn build_gateway_args(routing: &GatewayRouting, site: &GatewaySite) -> Vec<S
     if let Some(r) = &routing.default_retention {
         args.extend(["--default-retention".into(), r.clone()]);
     }
+    if routing.migration_limit > 0 {
+        args.extend([
+            "--migration-limit".into(),
+            routing.migration_limit.to_string(),
+        ]);
+    }
     args.extend(site.access.iter().cloned());
     args
 }

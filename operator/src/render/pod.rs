@@ -310,6 +310,7 @@ fn sidecar_args(plan: &Plan, engine: &EngineCommand) -> Vec<String> {
     }
     if let Some(url) = &plan.nats_url {
         args.extend(super::gateway_flags::nats_flags(url));
+        args.extend(plan.request_plane.iter().cloned());
     }
     if let Some(gid) = rdma.gid_index.filter(|_| rdma.enabled) {
         args.extend(["--gid-index".into(), gid.to_string()]);

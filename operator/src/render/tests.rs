@@ -963,6 +963,52 @@ fn etcd_and_nats_without_endpoints_use_the_cluster_ones_or_say_what_is_missing()
 }
 
 #[test]
+fn the_nats_request_plane_and_migration_reach_gateways_and_sidecars() {
+    let (mut deps, topos) = load(&repo().join("examples/sim/deployment.yaml"));
+    let dep = &mut deps[0];
+    dep.spec.discovery.backend = crate::api::DiscoveryBackend::Etcd;
+    dep.spec.messaging = crate::api::MessagingSpec {
+        backend: crate::api::MessagingBackend::Nats,
+        nats_url: Some("nats://bus:4222".into()),
+        request_transport: Some(crate::api::RequestTransport::Nats),
+        request_idle_timeout_seconds: Some(120.0),
+        request_max_duration_seconds: None,
+        request_max_pending: Some(8),
+    };
+    dep.spec.gateway.migration_limit = 2;
+    let platform = Platform {
+        etcd_endpoints: vec!["http://etcd:2379".into()],
+        ..Platform::with_images(images())
+    };
+    let observed = Observed {
+        topology: topos.first(),
+        model_ready: true,
+        ..Default::default()
+    };
+    let r = render(dep, observed, &platform).unwrap();
+    let gw = find(&r, Kind::Deployment, "sim-mixed-gateway");
+    let gargs = args(&gw["spec"]["template"]["spec"]["containers"][0], "args");
+    let pod = &find(&r, Kind::StatefulSet, "sim-mixed-mixed")["spec"]["template"];
+    let sargs = args(container(pod, "initContainers", "sidecar"), "args");
+    for a in [&gargs, &sargs] {
+        assert_eq!(flag(a, "--request-transport").as_deref(), Some("nats"));
+        assert_eq!(flag(a, "--nats-req-idle-timeout").as_deref(), Some("120"));
+        assert_eq!(flag(a, "--nats-req-max-pending").as_deref(), Some("8"));
+        assert_eq!(flag(a, "--nats-req-max-duration"), None);
+        assert_eq!(flag(a, "--nats-server").as_deref(), Some("nats://bus:4222"));
+    }
+    assert_eq!(flag(&gargs, "--migration-limit").as_deref(), Some("2"));
+    // Over HTTP (the default) nothing of it is rendered.
+    dep.spec.messaging.request_transport = None;
+    dep.spec.gateway.migration_limit = 0;
+    let r = render(dep, observed, &platform).unwrap();
+    let gw = find(&r, Kind::Deployment, "sim-mixed-gateway");
+    let gargs = args(&gw["spec"]["template"]["spec"]["containers"][0], "args");
+    assert_eq!(flag(&gargs, "--request-transport"), None);
+    assert_eq!(flag(&gargs, "--migration-limit"), None);
+}
+
+#[test]
 fn a_cluster_etcd_with_tls_is_reached_with_a_copy_of_its_client_certificate() {
     let (mut deps, _) = load(&repo().join("examples/sim/deployment.yaml"));
     let dep = &mut deps[0];
