@@ -26,11 +26,22 @@ fn nats_flags(nats: &str, extra: &[&str]) -> Vec<String> {
 
 /// `n` sidecar workers under a fresh prefix, registered; with `flags`.
 async fn fleet(name: &str, n: usize, speedup: &str, flags: &[String]) -> (String, Vec<Launched>) {
+    fleet_leased(name, n, speedup, "10", flags).await
+}
+
+/// [`fleet`] with records under leases of `ttl` seconds.
+async fn fleet_leased(
+    name: &str,
+    n: usize,
+    speedup: &str,
+    ttl: &str,
+    flags: &[String],
+) -> (String, Vec<Launched>) {
     let etcd = infera_testkit::etcd_endpoint().await.unwrap();
     let prefix = unique_prefix(name);
     let mut workers = Vec::new();
     for _ in 0..n {
-        let mut w = launch_at_speed(&etcd, &prefix, "10", speedup, flags).await;
+        let mut w = launch_at_speed(&etcd, &prefix, ttl, speedup, flags).await;
         let record = wait_key(&w.key, true, Duration::from_secs(60), &mut w.sidecar)
             .await
             .unwrap();
@@ -176,7 +187,7 @@ async fn every_request_shape_over_nats_answers_what_http_answers() {
     let over_http = gateway(&prefix, &[]).await;
     wait_workers(&over_nats, 1).await;
     wait_workers(&over_http, 1).await;
-    // Every request published to the worker's subject, counted.
+    // Every request published to the worker's subject, collected.
     let client = infera_testkit::nats_client().await.unwrap();
     let token = build_worker_token(&format!("127.0.0.1:{}", workers[0].port));
     let mut seen = client
@@ -184,24 +195,30 @@ async fn every_request_shape_over_nats_answers_what_http_answers() {
         .await
         .unwrap();
     client.flush().await.unwrap();
-    for (path, body) in shapes() {
-        let (s_nats, a_nats) = answer(over_nats.addr, path, &body).await;
-        let (s_http, a_http) = answer(over_http.addr, path, &body).await;
+    let shapes = shapes();
+    for (path, body) in &shapes {
+        let (s_nats, a_nats) = answer(over_nats.addr, path, body).await;
+        let (s_http, a_http) = answer(over_http.addr, path, body).await;
         assert_eq!((s_nats, s_http), (200, 200), "{path} {body}\n{a_nats}");
         assert_eq!(a_nats, a_http, "{path} {body}");
-        let published = tokio::time::timeout(Duration::from_secs(5), seen.next())
+    }
+    // One envelope per request to the NATS gateway, in order; none from the HTTP one.
+    for (path, body) in &shapes {
+        let published = tokio::time::timeout(Duration::from_secs(10), seen.next())
             .await
-            .expect("the NATS gateway published the request")
+            .expect("the NATS gateway published every request")
             .unwrap();
         let envelope: Value = serde_json::from_slice(&published.payload).unwrap();
-        assert_eq!(
-            envelope["stream"],
-            body.get("stream").cloned().unwrap_or(json!(false))
-        );
-        assert!(envelope["path"].as_str().unwrap().starts_with("/v1/"));
+        let stream = body.get("stream").cloned().unwrap_or(json!(false));
+        assert_eq!(envelope["stream"], stream, "{path} {envelope}");
+        let engine_path = if *path == "/v1/messages" {
+            "/v1/chat/completions"
+        } else {
+            path
+        };
+        assert_eq!(envelope["path"], engine_path);
         assert!(envelope["headers"]["x-infera-request-id"].is_string());
     }
-    // Nothing more was published: the HTTP gateway went over HTTP.
     assert!(
         tokio::time::timeout(Duration::from_millis(300), seen.next())
             .await
@@ -389,28 +406,33 @@ enum Fault {
     Drained,
 }
 
-/// Reads an SSE response to its end, calling `at` once after `after` events.
+/// Reads an SSE response to its end, calling `at` once after `after` events; the body
+/// and the longest wait for a chunk after `at`.
 async fn read_stream(
     r: reqwest::Response,
     after: usize,
     mut at: impl FnMut() -> futures::future::BoxFuture<'static, ()>,
-) -> String {
+) -> (String, Duration) {
     let mut body = String::new();
     let mut stream = r.bytes_stream();
-    let mut fired = false;
+    let mut fired: Option<Instant> = None;
+    let mut stall = Duration::ZERO;
     let read = async {
         while let Some(chunk) = stream.next().await {
             body.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
-            if !fired && events(&body).len() >= after {
-                fired = true;
+            if let Some(last) = fired {
+                stall = stall.max(last.elapsed());
+                fired = Some(Instant::now());
+            } else if events(&body).len() >= after {
                 at().await;
+                fired = Some(Instant::now());
             }
         }
     };
     tokio::time::timeout(Duration::from_secs(60), read)
         .await
         .expect("the stream ended");
-    body
+    (body, stall)
 }
 
 /// The worker whose engine runs a request (by its engine's port).
@@ -435,7 +457,8 @@ async fn migrated_stream_reads_as_unfaulted(nats_transport: bool, fault: Fault) 
     } else {
         "1"
     };
-    let (prefix, mut workers) = fleet("plane-migrate", 2, speed, &flags).await;
+    // Records under a 10-minute lease: a vanished worker is noticed by other means.
+    let (prefix, mut workers) = fleet_leased("plane-migrate", 2, speed, "600", &flags).await;
     let gw = gateway(
         &prefix,
         &[
@@ -480,7 +503,7 @@ async fn migrated_stream_reads_as_unfaulted(nats_transport: bool, fault: Fault) 
     assert_eq!(r.status(), 200);
     let pids: Vec<u32> = workers.iter().map(|w| w.sidecar.pid()).collect();
     let ports: Vec<u16> = workers.iter().map(|w| w.port).collect();
-    let body_text = read_stream(r, at, || {
+    let (body_text, stall) = read_stream(r, at, || {
         let (pids, ports) = (pids.clone(), ports.clone());
         Box::pin(async move {
             if fault == Fault::EngineKilled {
@@ -528,6 +551,20 @@ async fn migrated_stream_reads_as_unfaulted(nats_transport: bool, fault: Fault) 
         (Fault::Drained | Fault::SidecarKilled, false) => assert_eq!(moved, 0.0, "{metrics}"),
         (Fault::Drained, true) => assert_eq!(draining, 1.0, "{metrics}"),
         _ => assert_eq!(moved, 1.0, "{metrics}"),
+    }
+    if (fault, nats_transport) == (Fault::SidecarKilled, true) {
+        // Its record outlived it: the presence probe, not the lease, moved the stream,
+        // within the probe's bound (a second of silence, then a probe a second).
+        let mut etcd = infera_testkit::etcd_client().await.unwrap();
+        let mut present = 0;
+        for w in &workers {
+            present += etcd.get(w.key.as_str(), None).await.unwrap().kvs().len();
+        }
+        assert_eq!(present, 2, "both records stay under their 10-minute leases");
+        assert!(
+            stall < Duration::from_secs(4),
+            "the client waited {stall:?}"
+        );
     }
     for w in &mut workers {
         w.sidecar.kill();
@@ -588,7 +625,7 @@ async fn a_stream_that_cannot_move_ends_with_an_error_event() {
         .send()
         .await
         .unwrap();
-    let text = read_stream(r, usize::MAX, || Box::pin(async {})).await;
+    let (text, _) = read_stream(r, usize::MAX, || Box::pin(async {})).await;
     let all = events(&text);
     assert_eq!(all.len(), 4, "three tokens and the error:\n{text}");
     assert!(

@@ -189,7 +189,9 @@ def _filter(messages: list[dict]) -> tuple[list[dict], dict]:
     pub_ack_inboxes = {
         m["reply"]
         for m in messages
-        if m["subject"].startswith("infera.req.") and m["reply"] and "rs-inbox" in (m["headers"] or {})
+        if m["subject"].startswith("infera.req.")
+        and m["reply"]
+        and "rs-inbox" in (m["headers"] or {})
     }
     kept = []
     dropped = {"js_subjects": 0, "js_api_replies": 0, "pub_acks": 0}
@@ -261,6 +263,20 @@ async def _reset_stream(js) -> None:
         await js.delete_stream(REQUEST_STREAM)
 
 
+async def _assert_unserved(nc, worker_ids) -> None:
+    """Fail fast if a stray worker would answer (and pollute) the recording."""
+    from nats.errors import NoRespondersError
+
+    for worker_id in worker_ids:
+        for prefix in ("infera.req", "infera.cancel"):
+            subject = f"{prefix}.{token(worker_id)}"
+            try:
+                await nc.request(subject, b"", timeout=1)
+            except NoRespondersError:
+                continue
+            raise SystemExit(f"{subject} already has a subscriber; use a fresh nats-server")
+
+
 async def record(legacy_nats_request, nats_url: str, engine_port: int) -> dict:
     import nats
 
@@ -271,6 +287,7 @@ async def record(legacy_nats_request, nats_url: str, engine_port: int) -> dict:
     recorder = Recorder()
     rec_nc = await nats.connect(nats_url, name="fixture-recorder")
     await _reset_stream(rec_nc.jetstream())
+    await _assert_unserved(rec_nc, (CORE_WORKER_ID, JS_WORKER_ID))
     await rec_nc.subscribe(">", cb=recorder.on_msg)
     await rec_nc.flush()
 

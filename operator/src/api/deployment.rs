@@ -774,7 +774,10 @@ impl MessagingSpec {
         let optional = [
             ("--nats-req-idle-timeout", self.request_idle_timeout_seconds),
             ("--nats-req-max-duration", self.request_max_duration_seconds),
-            ("--nats-req-max-pending", self.request_max_pending.map(f64::from)),
+            (
+                "--nats-req-max-pending",
+                self.request_max_pending.map(f64::from),
+            ),
         ];
         for (flag, value) in optional {
             if let Some(v) = value {
