@@ -75,3 +75,41 @@ fn s2_small_writes_a_sane_report_and_plot() {
     let svg = std::fs::read_to_string(dir.path().join("s2.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.matches("<polyline").count() == 5);
 }
+
+#[tokio::test]
+async fn s9_small_moves_every_broken_stream_over_both_transports_without_losing_a_token() {
+    let nats = infera_testkit::nats_url().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["bench", "s9", "--small", "--nats", &nats, "--out"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("s9.json")).unwrap())
+            .unwrap();
+    let runs = report["runs"].as_array().unwrap();
+    for transport in ["http", "nats"] {
+        let ladder: Vec<&Value> = runs
+            .iter()
+            .filter(|r| r["part"] == "transport" && r["transport"] == transport)
+            .collect();
+        assert_eq!(ladder.len(), 2, "unary and streaming over {transport}");
+        for r in ladder {
+            assert_eq!(r["errors"], 0, "{r}");
+        }
+        let moved = runs
+            .iter()
+            .find(|r| r["part"] == "migration" && r["transport"] == transport)
+            .unwrap();
+        assert_eq!(moved["failed"], 0, "{moved}");
+        assert_eq!(moved["tokens_lost_or_repeated"], 0, "{moved}");
+        assert!(moved["stall_ms_p50"].as_f64().unwrap() > 0.0, "{moved}");
+    }
+}

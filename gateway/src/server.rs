@@ -74,15 +74,7 @@ pub async fn start_gateway(
     let (stop, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     let cfg = &gateway.cfg;
-    if cfg.request_transport == RequestTransportArg::Nats {
-        let url = cfg.nats_url(|k| std::env::var(k).ok());
-        let plane = NatsPlane::connect(&url, cfg.plane_settings())
-            .await
-            .map_err(ConfigError)?;
-        tracing::info!(url, settings = ?plane.settings(), "NATS request plane connected");
-        // Set once, here, before the listener opens.
-        let _ = gateway.upstream.nats.set(plane);
-    }
+    connect_request_plane(&gateway).await?;
     match cfg.discovery_backend {
         DiscoveryBackend::Etcd => {
             tasks.spawn(run_etcd_discovery(
@@ -157,9 +149,27 @@ pub async fn start_embedded(
     gateway: Arc<Gateway>,
     listener: TcpListener,
 ) -> Result<RunningGateway, ConfigError> {
+    connect_request_plane(&gateway).await?;
     let (stop, stop_rx) = watch::channel(false);
     let tasks = JoinSet::new();
     finish_start(gateway, listener, stop, stop_rx, tasks)
+}
+
+/// Connects the NATS request plane (`--request-transport nats`), before the listener
+/// opens.
+async fn connect_request_plane(gateway: &Gateway) -> Result<(), ConfigError> {
+    let cfg = &gateway.cfg;
+    if cfg.request_transport != RequestTransportArg::Nats {
+        return Ok(());
+    }
+    let url = cfg.nats_url(|k| std::env::var(k).ok());
+    let plane = NatsPlane::connect(&url, cfg.plane_settings())
+        .await
+        .map_err(ConfigError)?;
+    tracing::info!(url, settings = ?plane.settings(), "NATS request plane connected");
+    // Set once per gateway: a second start keeps the first connection.
+    let _ = gateway.upstream.nats.set(plane);
+    Ok(())
 }
 
 /// Starts KV ingestion and the HTTP server: the part every way of starting shares.

@@ -5,6 +5,7 @@
 use crate::up::local::{build_sim_record, free_port, loopback_pd_role};
 use anyhow::{Context, Result, anyhow};
 use clap::Parser;
+use infera_engine_sidecar::request_plane::{PlaneSettings, RequestServer};
 use infera_gateway::config::GatewayConfig;
 use infera_gateway::gateway::Gateway;
 use infera_gateway::registry::Registry;
@@ -52,6 +53,8 @@ pub struct Fleet {
     pub sims: Vec<RunningWorker>,
     /// Gateways.
     pub gateways: Vec<RunningGateway>,
+    /// The simulators' NATS request servers (a fleet over the request plane).
+    planes: Vec<RequestServer>,
 }
 
 fn runtime(name: &str, threads: usize) -> Result<Runtime> {
@@ -107,12 +110,31 @@ fn worker_config(spec: &SimSpec, index: usize) -> Result<WorkerConfig> {
 impl Fleet {
     /// Starts `sims` and `gateways` gateways started with `flags`.
     pub async fn start(sims: &[SimSpec], gateways: usize, flags: &[String]) -> Result<Fleet> {
+        Self::start_with(sims, &vec![flags.to_vec(); gateways], None).await
+    }
+
+    /// Starts `sims`, each also serving the NATS request plane at `nats` (registered
+    /// `request_transport: nats`), and one gateway per entry of `flag_sets`.
+    pub async fn start_over_nats(
+        sims: &[SimSpec],
+        flag_sets: &[Vec<String>],
+        nats: &str,
+    ) -> Result<Fleet> {
+        Self::start_with(sims, flag_sets, Some(nats)).await
+    }
+
+    async fn start_with(
+        sims: &[SimSpec],
+        flag_sets: &[Vec<String>],
+        nats: Option<&str>,
+    ) -> Result<Fleet> {
         let sim_rt = runtime("infera-sim", 2)?;
         let gw_rt = runtime("infera-gw", 2)?;
         let codec = Arc::new(PromptCodec::bytes());
         let generator = Arc::new(build_generator(&codec));
         let mut running = Vec::new();
         let mut records = Vec::new();
+        let mut planes = Vec::new();
         for (i, spec) in sims.iter().enumerate() {
             let cfg = worker_config(spec, i)?;
             let events = cfg.kv_events.as_ref().map(|e| e.endpoint.clone());
@@ -121,18 +143,33 @@ impl Fleet {
             let worker = sim_rt
                 .spawn(async move { start_worker(cfg, codec, generator).await })
                 .await??;
-            records.push(build_sim_record(
+            let mut record = build_sim_record(
                 worker.addr,
                 infera_proto::worker::EngineKind::Vllm,
                 MODEL,
                 role.as_ref(),
                 events.as_deref(),
                 16,
-            )?);
+            )?;
+            if let Some(url) = nats {
+                let settings = PlaneSettings {
+                    url: url.to_owned(),
+                    max_duration: None,
+                    max_pending: 0,
+                };
+                let (id, engine) = (record.worker_id.clone(), format!("http://{}", worker.addr));
+                let plane = sim_rt
+                    .spawn(async move { RequestServer::start(&settings, &id, &engine).await })
+                    .await?
+                    .map_err(|e| anyhow!("{e}"))?;
+                planes.push(plane);
+                record.request_transport = infera_proto::worker::RequestTransport::Nats;
+            }
+            records.push(record);
             running.push(worker);
         }
         let mut gws = Vec::new();
-        for _ in 0..gateways {
+        for flags in flag_sets {
             let mut args = vec![
                 "infera-gateway".to_owned(),
                 "--host".into(),
@@ -167,6 +204,7 @@ impl Fleet {
             gw_rt: Some(gw_rt),
             sims: running,
             gateways: gws,
+            planes,
         })
     }
 
@@ -195,6 +233,7 @@ impl Fleet {
             gw_rt: Some(gw_rt),
             sims: Vec::new(),
             gateways: vec![gw],
+            planes: Vec::new(),
         })
     }
 
@@ -226,6 +265,7 @@ impl Fleet {
     pub async fn shutdown(mut self) {
         let gateways = std::mem::take(&mut self.gateways);
         let sims = std::mem::take(&mut self.sims);
+        let planes = std::mem::take(&mut self.planes);
         if let Some(rt) = &self.gw_rt {
             let _ = rt
                 .spawn(async move {
@@ -238,6 +278,9 @@ impl Fleet {
         if let Some(rt) = &self.sim_rt {
             let _ = rt
                 .spawn(async move {
+                    for p in planes {
+                        p.stop(None).await;
+                    }
                     for s in sims {
                         s.shutdown().await;
                     }

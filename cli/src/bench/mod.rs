@@ -16,6 +16,7 @@ pub mod s5;
 pub mod s6;
 pub mod s6_tiers;
 pub mod s7;
+pub mod s9;
 pub mod stats;
 pub mod workload;
 
@@ -44,6 +45,9 @@ pub enum Scenario {
     S6,
     /// Operator scale (needs --kubeconfig of a kube-apiserver with the CRDs installed).
     S7,
+    /// The NATS request plane against HTTP, and the stall at a mid-stream migration
+    /// (needs --nats of a nats-server with JetStream).
+    S9,
 }
 
 /// `infera bench` flags.
@@ -77,6 +81,9 @@ pub struct BenchArgs {
     /// PATH; without either, the L4 rows are skipped).
     #[arg(long, value_name = "URL")]
     pub redis_url: Option<String>,
+    /// NATS server URL (S9's request plane), e.g. a `nats-server -js` of testenv/build.sh.
+    #[arg(long, value_name = "URL")]
+    pub nats: Option<String>,
     /// Admin kubeconfig of a kube-apiserver with Infera's CRDs installed (S7).
     #[arg(long, value_name = "PATH")]
     pub kubeconfig: Option<PathBuf>,
@@ -122,6 +129,7 @@ fn scenario_file(s: Scenario) -> &'static str {
         Scenario::S5 => include_str!("../../../bench/scenarios/s5.yaml"),
         Scenario::S6 => include_str!("../../../bench/scenarios/s6.yaml"),
         Scenario::S7 => include_str!("../../../bench/scenarios/s7.yaml"),
+        Scenario::S9 => include_str!("../../../bench/scenarios/s9.yaml"),
     }
 }
 
@@ -345,6 +353,43 @@ fn rows(id: &str, result: &Value) -> (Vec<&'static str>, Vec<Vec<String>>) {
                 })
                 .collect(),
         ),
+        "s9" => (
+            vec![
+                "part",
+                "transport",
+                "rate",
+                "stream",
+                "p50 ms",
+                "added p50 µs",
+                "stall p50 ms",
+                "stall p90 ms",
+                "usual gap ms",
+                "carried prefill ms",
+                "lost/repeated",
+                "errors",
+            ],
+            runs.iter()
+                .map(|r| {
+                    let dash = |v: &Value| if v.is_null() { "-".into() } else { num(v) };
+                    vec![
+                        r["part"].as_str().unwrap_or("").to_owned(),
+                        r["transport"].as_str().unwrap_or("").to_owned(),
+                        dash(&r["rate"]),
+                        r.get("stream").map_or("-".into(), Value::to_string),
+                        dash(&r["p50_ms"]),
+                        dash(&r["added_p50_us"]),
+                        dash(&r["stall_ms_p50"]),
+                        dash(&r["stall_ms_p90"]),
+                        dash(&r["usual_gap_ms_p50"]),
+                        dash(&r["carried_prefill_ms"]),
+                        dash(&r["tokens_lost_or_repeated"]),
+                        r.get("errors")
+                            .or_else(|| r.get("failed"))
+                            .map_or("-".into(), Value::to_string),
+                    ]
+                })
+                .collect(),
+        ),
         "s5" => (
             vec![
                 "records",
@@ -509,11 +554,16 @@ fn plot(id: &str, title: &str, result: &Value) -> String {
         );
     }
     let (key, y): (&str, fn(&Value) -> f64) = match id {
-        "s1" => ("stream", |r| r["added_p50_us"].as_f64().unwrap_or(0.0)),
+        "s1" | "s9" => ("stream", |r| r["added_p50_us"].as_f64().unwrap_or(0.0)),
         _ => ("policy", |r| r["ttft_s"]["p50"].as_f64().unwrap_or(0.0)),
     };
-    for r in &runs {
+    for r in runs.iter().filter(|r| r["part"] != "migration") {
         let name = match id {
+            "s9" => format!(
+                "{} {}",
+                r["transport"].as_str().unwrap_or(""),
+                if r[key] == true { "streaming" } else { "unary" }
+            ),
             "s1" => {
                 if r[key] == true {
                     "streaming".to_owned()
@@ -529,7 +579,7 @@ fn plot(id: &str, title: &str, result: &Value) -> String {
             None => series.push((name, vec![point])),
         }
     }
-    let y_label = if id == "s1" {
+    let y_label = if id == "s1" || id == "s9" {
         "latency added by the gateway, p50 (µs)"
     } else {
         "TTFT p50 (s, H200-equivalent)"
@@ -640,6 +690,20 @@ pub async fn run(args: BenchArgs) -> Result<()> {
                 merge(&mut result, more);
             }
             result
+        }
+        Scenario::S9 => {
+            let Some(nats) = &args.nats else {
+                bail!(
+                    "s9 sends requests over a real NATS server: pass --nats URL (testenv/build.sh builds nats-server; run it with -js)"
+                );
+            };
+            s9::run(
+                &ctx,
+                &serde_json::from_value(size.clone())?,
+                &file.profile,
+                nats,
+            )
+            .await?
         }
         Scenario::S7 => {
             let Some(kubeconfig) = args.kubeconfig.clone() else {
