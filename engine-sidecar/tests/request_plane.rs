@@ -10,7 +10,10 @@
 
 mod common;
 
-use common::{Launched, args_of, gateway_on_etcd, launch_at_speed, unique_prefix, wait_key};
+use common::{
+    Launched, args_of, gateway_with, launch_at_speed, nats_gateway, normalized, sse_values,
+    unique_prefix, wait_key,
+};
 use futures::StreamExt;
 use infera_proto::request_plane::build_worker_token;
 use serde_json::{Value, json};
@@ -56,50 +59,6 @@ async fn fleet_leased(
     (prefix, workers)
 }
 
-async fn gateway(prefix: &str, flags: &[&str]) -> infera_gateway::server::RunningGateway {
-    let etcd = infera_testkit::etcd_endpoint().await.unwrap();
-    gateway_on_etcd(&etcd, prefix, &args_of(flags)).await
-}
-
-/// Waits until the gateway routes to `n` workers.
-async fn wait_workers(gw: &infera_gateway::server::RunningGateway, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while gw.gateway.registry.snapshot().workers.len() < n {
-        assert!(
-            Instant::now() < deadline,
-            "the gateway never saw {n} workers"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// The JSON events of an SSE body (`[DONE]` as the string "[DONE]").
-fn events(body: &str) -> Vec<Value> {
-    body.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .map(|d| serde_json::from_str(d).unwrap_or_else(|_| Value::String(d.to_owned())))
-        .collect()
-}
-
-/// `v` without what differs between two servings of one request: `id`, `created`, and
-/// the prefix-cache hits (a second serving finds the first one's blocks).
-fn normalized(mut v: Value) -> Value {
-    fn strip(v: &mut Value) {
-        match v {
-            Value::Object(m) => {
-                for k in ["id", "created", "cached_tokens", "cache_read_input_tokens"] {
-                    m.remove(k);
-                }
-                m.values_mut().for_each(strip);
-            }
-            Value::Array(a) => a.iter_mut().for_each(strip),
-            _ => {}
-        }
-    }
-    strip(&mut v);
-    v
-}
-
 /// A whole answer: its status and its JSON, or its events.
 async fn answer(addr: std::net::SocketAddr, path: &str, body: &Value) -> (u16, Value) {
     let r = reqwest::Client::new()
@@ -115,10 +74,10 @@ async fn answer(addr: std::net::SocketAddr, path: &str, body: &Value) -> (u16, V
         .is_some_and(|v| v.to_str().unwrap_or("").starts_with("text/event-stream"));
     let text = r.text().await.unwrap();
     let value = if sse {
-        Value::Array(events(&text))
+        Value::Array(sse_values(&text))
     } else {
         // Anthropic's stream is named events: keep their data lines.
-        serde_json::from_str(&text).unwrap_or_else(|_| match events(&text) {
+        serde_json::from_str(&text).unwrap_or_else(|_| match sse_values(&text) {
             e if e.is_empty() => Value::String(text.clone()),
             e => Value::Array(e),
         })
@@ -179,14 +138,8 @@ fn shapes() -> Vec<(&'static str, Value)> {
 async fn every_request_shape_over_nats_answers_what_http_answers() {
     let nats = infera_testkit::nats_url().await.unwrap();
     let (prefix, workers) = fleet("plane-shapes", 1, "20", &nats_flags(&nats, &[])).await;
-    let over_nats = gateway(
-        &prefix,
-        &["--request-transport", "nats", "--nats-server", &nats],
-    )
-    .await;
-    let over_http = gateway(&prefix, &[]).await;
-    wait_workers(&over_nats, 1).await;
-    wait_workers(&over_http, 1).await;
+    let over_nats = nats_gateway(&prefix, &[], 1).await;
+    let over_http = gateway_with(&prefix, &[], 1).await;
     // Every request published to the worker's subject, collected.
     let client = infera_testkit::nats_client().await.unwrap();
     let token = build_worker_token(&format!("127.0.0.1:{}", workers[0].port));
@@ -239,12 +192,7 @@ async fn a_client_that_leaves_cancels_the_generation_and_timeouts_answer_504() {
     let nats = infera_testkit::nats_url().await.unwrap();
     let (prefix, workers) = fleet("plane-cancel", 1, "1", &nats_flags(&nats, &[])).await;
     let port = workers[0].port;
-    let gw = gateway(
-        &prefix,
-        &["--request-transport", "nats", "--nats-server", &nats],
-    )
-    .await;
-    wait_workers(&gw, 1).await;
+    let gw = nats_gateway(&prefix, &[], 1).await;
     let client = infera_testkit::nats_client().await.unwrap();
     let token = build_worker_token(&format!("127.0.0.1:{port}"));
     let mut cancels = client
@@ -280,19 +228,7 @@ async fn a_client_that_leaves_cancels_the_generation_and_timeouts_answer_504() {
     }
 
     // Idle: a hung engine.
-    let idle = gateway(
-        &prefix,
-        &[
-            "--request-transport",
-            "nats",
-            "--nats-server",
-            &nats,
-            "--nats-req-idle-timeout",
-            "1",
-        ],
-    )
-    .await;
-    wait_workers(&idle, 1).await;
+    let idle = nats_gateway(&prefix, &["--nats-req-idle-timeout", "1"], 1).await;
     set_faults(port, json!({"hang": true})).await;
     let started = Instant::now();
     let (status, body) = answer(
@@ -307,21 +243,17 @@ async fn a_client_that_leaves_cancels_the_generation_and_timeouts_answer_504() {
     set_faults(port, json!({})).await;
 
     // Total: a generation longer than the cap.
-    let total = gateway(
+    let total = nats_gateway(
         &prefix,
         &[
-            "--request-transport",
-            "nats",
-            "--nats-server",
-            &nats,
             "--nats-req-idle-timeout",
             "0",
             "--nats-req-max-duration",
             "1",
         ],
+        1,
     )
     .await;
-    wait_workers(&total, 1).await;
     let started = Instant::now();
     let (status, body) = answer(
         total.addr,
@@ -342,19 +274,7 @@ async fn admission_answers_429_when_every_worker_is_at_its_backlog_limit() {
     let nats = infera_testkit::nats_url().await.unwrap();
     let flags = nats_flags(&nats, &["--nats-req-max-pending", "1"]);
     let (prefix, workers) = fleet("plane-admission", 1, "1", &flags).await;
-    let gw = gateway(
-        &prefix,
-        &[
-            "--request-transport",
-            "nats",
-            "--nats-server",
-            &nats,
-            "--nats-req-max-pending",
-            "1",
-        ],
-    )
-    .await;
-    wait_workers(&gw, 1).await;
+    let gw = nats_gateway(&prefix, &["--nats-req-max-pending", "1"], 1).await;
     let body = json!({"model": MODEL, "prompt": "Once", "max_tokens": 5000, "stream": true});
     let held = reqwest::Client::new()
         .post(format!("http://{}/v1/completions", gw.addr))
@@ -423,7 +343,7 @@ async fn read_stream(
             if let Some(last) = fired {
                 stall = stall.max(last.elapsed());
                 fired = Some(Instant::now());
-            } else if events(&body).len() >= after {
+            } else if sse_values(&body).len() >= after {
                 at().await;
                 fired = Some(Instant::now());
             }
@@ -459,19 +379,7 @@ async fn migrated_stream_reads_as_unfaulted(nats_transport: bool, fault: Fault) 
     };
     // Records under a 10-minute lease: a vanished worker is noticed by other means.
     let (prefix, mut workers) = fleet_leased("plane-migrate", 2, speed, "600", &flags).await;
-    let gw = gateway(
-        &prefix,
-        &[
-            "--request-transport",
-            "nats",
-            "--nats-server",
-            &nats,
-            "--migration-limit",
-            "2",
-        ],
-    )
-    .await;
-    wait_workers(&gw, 2).await;
+    let gw = nats_gateway(&prefix, &["--migration-limit", "2"], 2).await;
     let (tokens, at) = if fault == Fault::EngineKilled {
         (30, 20)
     } else {
@@ -519,7 +427,7 @@ async fn migrated_stream_reads_as_unfaulted(nats_transport: bool, fault: Fault) 
         })
     })
     .await;
-    let faulted = normalized(Value::Array(events(&body_text)));
+    let faulted = normalized(Value::Array(sse_values(&body_text)));
     let (got, want) = (faulted.as_array().unwrap(), unfaulted.as_array().unwrap());
     if let Some(i) = (0..got.len().max(want.len())).find(|i| got.get(*i) != want.get(*i)) {
         let metrics = metrics_of(&format!("http://{}/metrics", gw.addr)).await;
@@ -601,19 +509,7 @@ async fn a_draining_worker_finishes_over_http_and_hands_back_over_nats() {
 async fn a_stream_that_cannot_move_ends_with_an_error_event() {
     let nats = infera_testkit::nats_url().await.unwrap();
     let (prefix, workers) = fleet("plane-poisoned", 2, "20", &nats_flags(&nats, &[])).await;
-    let gw = gateway(
-        &prefix,
-        &[
-            "--request-transport",
-            "nats",
-            "--nats-server",
-            &nats,
-            "--migration-limit",
-            "2",
-        ],
-    )
-    .await;
-    wait_workers(&gw, 2).await;
+    let gw = nats_gateway(&prefix, &["--migration-limit", "2"], 2).await;
     for w in &workers {
         set_faults(w.port, json!({"fail_after_tokens": 3})).await;
     }
@@ -626,7 +522,7 @@ async fn a_stream_that_cannot_move_ends_with_an_error_event() {
         .await
         .unwrap();
     let (text, _) = read_stream(r, usize::MAX, || Box::pin(async {})).await;
-    let all = events(&text);
+    let all = sse_values(&text);
     assert_eq!(all.len(), 4, "three tokens and the error:\n{text}");
     assert!(
         all[3]["error"]["message"]

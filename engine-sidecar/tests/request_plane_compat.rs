@@ -11,7 +11,9 @@
 
 mod common;
 
-use common::{args_of, gateway_on_etcd, launch_with, unique_prefix, wait_key};
+use common::{
+    args_of, launch_with, nats_gateway, normalized, post_json, sse_values, unique_prefix, wait_key,
+};
 use futures::StreamExt;
 use infera_proto::discovery::build_worker_key;
 use infera_proto::request_plane::build_worker_token;
@@ -52,20 +54,6 @@ async fn register(prefix: &str, worker_id: &str, url: &str, engine: &str) {
     .unwrap();
 }
 
-async fn nats_gateway(prefix: &str, extra: &[&str]) -> infera_gateway::server::RunningGateway {
-    let etcd = infera_testkit::etcd_endpoint().await.unwrap();
-    let nats = infera_testkit::nats_url().await.unwrap();
-    let mut flags = args_of(&["--request-transport", "nats", "--nats-server", &nats]);
-    flags.extend(args_of(extra));
-    let gw = gateway_on_etcd(&etcd, prefix, &flags).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while gw.gateway.registry.snapshot().workers.is_empty() {
-        assert!(Instant::now() < deadline, "the gateway found no worker");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    gw
-}
-
 #[tokio::test]
 async fn the_gateway_reads_the_earlier_workers_frames_as_the_earlier_router_did() {
     let fixture = fixture();
@@ -79,7 +67,7 @@ async fn the_gateway_reads_the_earlier_workers_frames_as_the_earlier_router_did(
         .await
         .unwrap();
     nats.flush().await.unwrap();
-    let gw = nats_gateway(&prefix, &["--migration-limit", "1"]).await;
+    let gw = nats_gateway(&prefix, &["--migration-limit", "1"], 1).await;
     // (scenario, status the client gets, whether it streams)
     for (scenario, want_status) in [
         ("unary", 200),
@@ -224,42 +212,6 @@ async fn wait_healthy(port: u16) {
     }
 }
 
-fn without_ids(mut v: Value) -> Value {
-    fn strip(v: &mut Value) {
-        match v {
-            Value::Object(m) => {
-                for k in ["id", "created", "cached_tokens"] {
-                    m.remove(k);
-                }
-                m.values_mut().for_each(strip);
-            }
-            Value::Array(a) => a.iter_mut().for_each(strip),
-            _ => {}
-        }
-    }
-    strip(&mut v);
-    v
-}
-
-async fn post(url: &str, body: &Value) -> (u16, String) {
-    let r = reqwest::Client::new()
-        .post(url)
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    (r.status().as_u16(), r.text().await.unwrap())
-}
-
-fn sse_values(text: &str) -> Value {
-    Value::Array(
-        text.lines()
-            .filter_map(|l| l.strip_prefix("data: "))
-            .map(|d| serde_json::from_str(d).unwrap_or_else(|_| Value::String(d.into())))
-            .collect(),
-    )
-}
-
 #[tokio::test]
 async fn the_gateway_serves_through_a_worker_written_from_the_earlier_side() {
     let nats_url = infera_testkit::nats_url().await.unwrap();
@@ -271,7 +223,7 @@ async fn the_gateway_serves_through_a_worker_written_from_the_earlier_side() {
     let prefix = unique_prefix("compat-worker");
     // Its url leads nowhere: what is answered came over NATS.
     register(&prefix, &worker_id, "http://127.0.0.1:1", "vllm").await;
-    let gw = nats_gateway(&prefix, &[]).await;
+    let gw = nats_gateway(&prefix, &[], 1).await;
     let chat = json!({"model": "fixture-model", "max_tokens": 6, "messages": [{"role": "user", "content": "hi"}]});
     let completion = json!({"model": "fixture-model", "max_tokens": 6, "prompt": "Say"});
     for (path, mut body) in [
@@ -280,19 +232,19 @@ async fn the_gateway_serves_through_a_worker_written_from_the_earlier_side() {
     ] {
         for stream in [false, true] {
             body["stream"] = json!(stream);
-            let (s_gw, via_gw) = post(&format!("http://{}{path}", gw.addr), &body).await;
-            let (s_direct, direct) = post(&format!("{engine_url}{path}"), &body).await;
+            let (s_gw, via_gw) = post_json(&format!("http://{}{path}", gw.addr), &body).await;
+            let (s_direct, direct) = post_json(&format!("{engine_url}{path}"), &body).await;
             assert_eq!((s_gw, s_direct), (200, 200), "{path} {body}: {via_gw}");
             let parse = |t: &str| {
                 if stream {
-                    sse_values(t)
+                    Value::Array(sse_values(t))
                 } else {
                     serde_json::from_str(t).unwrap()
                 }
             };
             assert_eq!(
-                without_ids(parse(&via_gw)),
-                without_ids(parse(&direct)),
+                normalized(parse(&via_gw)),
+                normalized(parse(&direct)),
                 "{path} {body}"
             );
         }
@@ -393,7 +345,7 @@ async fn the_sidecar_answers_a_client_written_from_the_earlier_side() {
         };
         let direct = |body: Value| {
             let url = format!("http://{worker_id}/v1/completions");
-            async move { post(&url, &body).await }
+            async move { post_json(&url, &body).await }
         };
 
         let body = json!({"model": "fixture-model", "prompt": "Say", "max_tokens": 5});
@@ -401,8 +353,8 @@ async fn the_sidecar_answers_a_client_written_from_the_earlier_side() {
         let answer: Value = serde_json::from_str(&joined_data(&frames, 200)).unwrap();
         let (_, want) = direct(body).await;
         assert_eq!(
-            without_ids(answer),
-            without_ids(serde_json::from_str(&want).unwrap())
+            normalized(answer),
+            normalized(serde_json::from_str(&want).unwrap())
         );
 
         let body =
@@ -413,8 +365,8 @@ async fn the_sidecar_answers_a_client_written_from_the_earlier_side() {
         let text = joined_data(&frames, 200);
         let (_, want) = direct(body).await;
         assert_eq!(
-            without_ids(sse_values(&text)),
-            without_ids(sse_values(&want))
+            normalized(Value::Array(sse_values(&text))),
+            normalized(Value::Array(sse_values(&want)))
         );
 
         // An engine's refusal is its JSON and its status, not an error frame.

@@ -157,3 +157,73 @@ pub fn engine_pid(parent: u32) -> Option<u32> {
     }
     None
 }
+
+/// A gateway finding workers in the shared etcd under `prefix`, with `flags`, once it
+/// routes to `n` workers.
+pub async fn gateway_with(
+    prefix: &str,
+    flags: &[&str],
+    n: usize,
+) -> infera_gateway::server::RunningGateway {
+    let etcd = infera_testkit::etcd_endpoint().await.unwrap();
+    let gw = gateway_on_etcd(&etcd, prefix, &args_of(flags)).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while gw.gateway.registry.snapshot().workers.len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "the gateway never saw {n} workers"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    gw
+}
+
+/// [`gateway_with`] over the shared NATS's request plane, with `extra` flags.
+pub async fn nats_gateway(
+    prefix: &str,
+    extra: &[&str],
+    n: usize,
+) -> infera_gateway::server::RunningGateway {
+    let nats = infera_testkit::nats_url().await.unwrap();
+    let mut flags = vec!["--request-transport", "nats", "--nats-server", &nats];
+    flags.extend_from_slice(extra);
+    gateway_with(prefix, &flags, n).await
+}
+
+/// POSTs `body` as JSON: the status and the text.
+pub async fn post_json(url: &str, body: &serde_json::Value) -> (u16, String) {
+    let r = reqwest::Client::new()
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+/// The data lines of an SSE body, as JSON (`[DONE]` as a string).
+pub fn sse_values(text: &str) -> Vec<serde_json::Value> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap_or_else(|_| serde_json::Value::String(d.into())))
+        .collect()
+}
+
+/// `v` without what differs between two servings of one request: `id`, `created`, and
+/// the prefix-cache hits (a second serving finds the first one's blocks).
+pub fn normalized(mut v: serde_json::Value) -> serde_json::Value {
+    fn strip(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for k in ["id", "created", "cached_tokens", "cache_read_input_tokens"] {
+                    m.remove(k);
+                }
+                m.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    strip(&mut v);
+    v
+}
