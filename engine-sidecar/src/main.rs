@@ -474,17 +474,17 @@ async fn run() -> i32 {
     let _ = stop.send(true);
     let _ = registration.await;
     status.registered.store(false, Ordering::SeqCst);
+    // One drain window for the NATS requests and the engine's own.
+    let drain_deadline = std::time::Instant::now() + args.drain_timeout;
     if let Some(plane) = plane {
         // Migratable requests go back to the gateway at once; the others get the window.
         let window = (!engine_died).then_some(args.drain_timeout);
         plane.stop(window).await;
     }
     if !engine_died {
-        tracing::info!("draining (up to {:?})", args.drain_timeout);
-        if !engine
-            .drain(Duration::from_millis(500), args.drain_timeout)
-            .await
-        {
+        let left = drain_deadline.saturating_duration_since(std::time::Instant::now());
+        tracing::info!("draining (up to {left:?})");
+        if !engine.drain(Duration::from_millis(500), left).await {
             tracing::warn!("requests were still running after {:?}", args.drain_timeout);
         }
     }

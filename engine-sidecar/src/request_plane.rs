@@ -281,10 +281,16 @@ impl RequestServer {
     }
 }
 
-/// Plain NATS intake: every message on the subject is a request.
+/// Plain NATS intake: every message on the subject is a request, answered to its
+/// `rs-inbox` header (as the earlier worker read it first), else its reply subject.
 async fn take_direct(mut requests: async_nats::Subscriber, proxy: Proxy) {
     while let Some(msg) = requests.next().await {
-        let inbox = msg.reply.clone();
+        let inbox = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(HEADER_INBOX))
+            .map(|v| Subject::from(v.as_str()))
+            .or_else(|| msg.reply.clone());
         spawn_request(&proxy, inbox, msg.payload, None);
     }
 }
@@ -327,7 +333,8 @@ async fn serve_cancels(client: Client, mut cancels: async_nats::Subscriber, infl
     }
 }
 
-/// Starts serving one request.
+/// Starts serving one request. It is in the in-flight map before this returns, so a
+/// cancel or a drain that follows finds it.
 fn spawn_request(
     proxy: &Proxy,
     inbox: Option<Subject>,
@@ -335,50 +342,64 @@ fn spawn_request(
     queued: Option<jetstream::Message>,
 ) {
     let proxy = proxy.clone();
-    tokio::spawn(async move {
-        if let Some(inbox) = inbox {
-            serve_request(&proxy, inbox, &payload).await;
-        } else {
-            tracing::warn!("a NATS request without a reply inbox; dropped");
-        }
-        if let Some(msg) = queued
-            && let Err(e) = msg.ack().await
-        {
-            tracing::debug!("acking a queued request: {e}");
-        }
-    });
-}
-
-async fn serve_request(proxy: &Proxy, inbox: Subject, payload: &[u8]) {
-    let envelope: Envelope = match serde_json::from_slice(payload) {
-        Ok(e) => e,
+    let Some(inbox) = inbox else {
+        tracing::warn!("a NATS request without a reply inbox; dropped");
+        tokio::spawn(ack(queued));
+        return;
+    };
+    let envelope = match serde_json::from_slice::<Envelope>(&payload) {
+        Ok(envelope) => envelope,
         Err(e) => {
-            let text = format!("the request is not a request envelope: {e}");
-            reply(&proxy.client, &inbox, &Frame::error(text)).await;
+            tokio::spawn(async move {
+                let text = format!("the request is not a request envelope: {e}");
+                if let Err(e) = reply(&proxy.client, &inbox, &Frame::error(text)).await {
+                    tracing::debug!("{e}");
+                }
+                ack(queued).await;
+            });
             return;
         }
     };
-    let (tx, rx) = oneshot::channel();
+    let (tx, stop) = oneshot::channel();
     if let Ok(mut map) = proxy.inflight.lock() {
-        map.insert(
-            inbox.to_string(),
-            Inflight {
-                stop: tx,
-                migratable: envelope.migratable,
-            },
-        );
+        let entry = Inflight {
+            stop: tx,
+            migratable: envelope.migratable,
+        };
+        map.insert(inbox.to_string(), entry);
     }
+    tokio::spawn(async move {
+        serve_request(&proxy, &inbox, &envelope, stop).await;
+        ack(queued).await;
+    });
+}
+
+/// Acknowledges a request taken from the work queue, once answered.
+async fn ack(queued: Option<jetstream::Message>) {
+    if let Some(msg) = queued
+        && let Err(e) = msg.ack().await
+    {
+        tracing::debug!("acking a queued request: {e}");
+    }
+}
+
+async fn serve_request(
+    proxy: &Proxy,
+    inbox: &Subject,
+    envelope: &Envelope,
+    stop: oneshot::Receiver<Stop>,
+) {
     let answered = async {
         match proxy.max_duration {
-            Some(cap) => tokio::time::timeout(cap, forward(proxy, &inbox, &envelope))
+            Some(cap) => tokio::time::timeout(cap, forward(proxy, inbox, envelope))
                 .await
                 .unwrap_or_else(|_| Err("request exceeded max duration".into())),
-            None => forward(proxy, &inbox, &envelope).await,
+            None => forward(proxy, inbox, envelope).await,
         }
     };
     let failure = tokio::select! {
         result = answered => result.err(),
-        stop = rx => match stop {
+        stop = stop => match stop {
             Ok(Stop::HandBack) => Some(String::from_utf8_lossy(DRAINING_NOTICE).into_owned()),
             Ok(Stop::Cancelled) | Err(_) => Some("request cancelled".into()),
         },
@@ -386,8 +407,10 @@ async fn serve_request(proxy: &Proxy, inbox: Subject, payload: &[u8]) {
     if let Ok(mut map) = proxy.inflight.lock() {
         map.remove(inbox.as_str());
     }
-    if let Some(text) = failure {
-        reply(&proxy.client, &inbox, &Frame::error(text)).await;
+    if let Some(text) = failure
+        && let Err(e) = reply(&proxy.client, inbox, &Frame::error(text)).await
+    {
+        tracing::debug!("{e}");
     }
 }
 
@@ -411,7 +434,7 @@ async fn forward(proxy: &Proxy, inbox: &Subject, envelope: &Envelope) -> Result<
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| format!("engine stream broke: {}", root_cause(&e)))?;
             if !chunk.is_empty() {
-                reply(&proxy.client, inbox, &Frame::data(chunk.to_vec())).await;
+                reply(&proxy.client, inbox, &Frame::data(chunk.to_vec())).await?;
             }
         }
     } else {
@@ -419,9 +442,9 @@ async fn forward(proxy: &Proxy, inbox: &Subject, envelope: &Envelope) -> Result<
             .bytes()
             .await
             .map_err(|e| format!("engine answer broke: {}", root_cause(&e)))?;
-        reply(&proxy.client, inbox, &Frame::data(body.to_vec())).await;
+        reply(&proxy.client, inbox, &Frame::data(body.to_vec())).await?;
     }
-    reply(&proxy.client, inbox, &Frame::done(status)).await;
+    reply(&proxy.client, inbox, &Frame::done(status)).await?;
     Ok(())
 }
 
@@ -433,16 +456,20 @@ fn root_cause(e: &reqwest::Error) -> String {
     source.to_string()
 }
 
-async fn reply(client: &Client, inbox: &Subject, frame: &Frame) {
+/// Sends one frame; an error names why (a payload over the server's `max_payload`).
+async fn reply(client: &Client, inbox: &Subject, frame: &Frame) -> Result<(), String> {
     let mut headers = HeaderMap::new();
     for (name, value) in frame.headers() {
         headers.insert(name, value.as_str());
     }
     let payload = Bytes::from(frame.payload.clone());
-    if let Err(e) = client
+    client
         .publish_with_headers(inbox.clone(), headers, payload)
         .await
-    {
-        tracing::debug!("replying to a NATS request: {e}");
-    }
+        .map_err(|e| {
+            format!(
+                "cannot send the answer's {} frame: {e}",
+                frame.kind.as_str()
+            )
+        })
 }

@@ -318,8 +318,10 @@ async fn admission_answers_429_when_every_worker_is_at_its_backlog_limit() {
 /// How a test takes the serving worker away mid-stream.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Fault {
-    /// The engine process dies (the simulator's `exit_after_tokens`).
+    /// SIGKILL to the engine process (the sidecar stays).
     EngineKilled,
+    /// The engine process exits by itself (the simulator's `exit_after_tokens`).
+    EngineExits,
     /// SIGKILL to the sidecar (its engine dies with it).
     SidecarKilled,
     /// SIGTERM to the sidecar: it drains.
@@ -372,7 +374,7 @@ async fn migrated_stream_reads_as_unfaulted(nats_transport: bool, fault: Fault) 
     } else {
         Vec::new()
     };
-    let speed = if fault == Fault::EngineKilled {
+    let speed = if fault == Fault::EngineExits {
         "20"
     } else {
         "1"
@@ -380,7 +382,7 @@ async fn migrated_stream_reads_as_unfaulted(nats_transport: bool, fault: Fault) 
     // Records under a 10-minute lease: a vanished worker is noticed by other means.
     let (prefix, mut workers) = fleet_leased("plane-migrate", 2, speed, "600", &flags).await;
     let gw = nats_gateway(&prefix, &["--migration-limit", "2"], 2).await;
-    let (tokens, at) = if fault == Fault::EngineKilled {
+    let (tokens, at) = if fault == Fault::EngineExits {
         (30, 20)
     } else {
         (60, 5)
@@ -397,7 +399,7 @@ async fn migrated_stream_reads_as_unfaulted(nats_transport: bool, fault: Fault) 
         "{unfaulted}"
     );
 
-    if fault == Fault::EngineKilled {
+    if fault == Fault::EngineExits {
         for w in &workers {
             set_faults(w.port, json!({"exit_after_tokens": at})).await;
         }
@@ -414,10 +416,15 @@ async fn migrated_stream_reads_as_unfaulted(nats_transport: bool, fault: Fault) 
     let (body_text, stall) = read_stream(r, at, || {
         let (pids, ports) = (pids.clone(), ports.clone());
         Box::pin(async move {
-            if fault == Fault::EngineKilled {
+            if fault == Fault::EngineExits {
                 return;
             }
             let i = serving(&ports).await;
+            if fault == Fault::EngineKilled {
+                let engine = common::engine_pid(pids[i]).expect("the sidecar's engine");
+                infera_testkit::process::signal(engine, "-KILL").unwrap();
+                return;
+            }
             let signal = if fault == Fault::SidecarKilled {
                 "-KILL"
             } else {
@@ -487,6 +494,11 @@ async fn a_killed_engine_migrates_over_http() {
 #[tokio::test]
 async fn a_killed_engine_migrates_over_nats() {
     migrated_stream_reads_as_unfaulted(true, Fault::EngineKilled).await;
+}
+
+#[tokio::test]
+async fn an_engine_that_exits_mid_stream_migrates_over_nats() {
+    migrated_stream_reads_as_unfaulted(true, Fault::EngineExits).await;
 }
 
 #[tokio::test]

@@ -487,7 +487,7 @@ async fn resend(
         request_id: &ctx.request_id,
         trace: &ctx.trace,
         stream: true,
-        migratable: true,
+        migratable: continuation.movable,
     };
     send_planned(&ctx.gw.upstream, &plan, &routing, &request, guard).await
 }

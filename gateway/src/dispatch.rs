@@ -146,7 +146,9 @@ pub async fn send_with_failover(
     let request_id = request.request_id;
     let mut tried: Vec<String> = Vec::new();
     let mut last_error: Option<ApiError> = None;
-    for _ in 0..=upstream.max_retries {
+    // Attempts that failed (a worker at its admission limit is passed over, not counted).
+    let mut failed = 0;
+    while failed <= upstream.max_retries {
         let now = Instant::now();
         let options = build_attempt_candidates(candidates, &tried, |t| {
             upstream.breakers.is_available(&t.record.worker_id, now)
@@ -175,13 +177,14 @@ pub async fn send_with_failover(
                 // A hung engine: try another, as for one that cannot be reached.
                 tracing::warn!(worker = %worker, request_id, "{}", stalled.message);
                 last_error = Some(stalled);
+                failed += 1;
                 continue;
             }
         };
         let response = match attempt {
             Attempt::Answered(response) => response,
             Attempt::Busy(e) => {
-                // Full, not faulty: another worker may have room.
+                // Full or draining, not faulty: another worker may take it.
                 upstream.breakers.on_success(&worker);
                 last_error = Some(e);
                 continue;
@@ -190,6 +193,7 @@ pub async fn send_with_failover(
                 upstream.breakers.on_failure(&worker, Instant::now());
                 tracing::warn!(worker = %worker, request_id, "{}", e.message);
                 last_error = Some(e);
+                failed += 1;
                 continue;
             }
             Attempt::Fail(e) => {
@@ -200,7 +204,8 @@ pub async fn send_with_failover(
         if response.status.is_server_error() {
             upstream.breakers.on_failure(&worker, Instant::now());
             tracing::warn!(worker = %worker, request_id, status = %response.status, "worker answered with a server error");
-            if tried.len() > upstream.max_retries as usize
+            failed += 1;
+            if failed > upstream.max_retries
                 || build_attempt_candidates(candidates, &tried, |_| true).is_empty()
             {
                 return Ok(Dispatched {
@@ -227,7 +232,7 @@ pub async fn send_with_failover(
 enum Attempt {
     /// The worker answered (headers, or a NATS request's first frame).
     Answered(WorkerResponse),
-    /// The worker is at its admission limit: another may have room.
+    /// The worker is at its admission limit, or draining: another may take it.
     Busy(ApiError),
     /// The worker failed before answering: another may serve it.
     Retry(ApiError),
@@ -316,7 +321,9 @@ async fn send_nats(
     }
     match answer {
         Ok(response) => Attempt::Answered(response),
-        Err(e @ PlaneError::Busy(_)) => Attempt::Busy(e.to_api_error(worker)),
+        Err(e @ (PlaneError::Busy(_) | PlaneError::Draining)) => {
+            Attempt::Busy(e.to_api_error(worker))
+        }
         Err(e) if e.retryable() => Attempt::Retry(e.to_api_error(worker)),
         Err(e) => Attempt::Fail(e.to_api_error(worker)),
     }

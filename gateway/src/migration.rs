@@ -25,6 +25,8 @@ pub struct Continuation {
     pub kind: ApiKind,
     /// Continued from token ids (else from text).
     pub exact: bool,
+    /// It may move again (migrations left): a worker may hand it back.
+    pub movable: bool,
 }
 
 /// Why a generation cannot be carried (the `reason` of `infera_migrations_failed_total`
@@ -87,6 +89,7 @@ pub struct MigrationState {
     /// `id` and `created` of the first worker's events (kept across a move).
     identity: Option<(Value, Value)>,
     finished: bool,
+    done_seen: bool,
 }
 
 impl MigrationState {
@@ -109,6 +112,7 @@ impl MigrationState {
             carried: 0,
             identity: None,
             finished: false,
+            done_seen: false,
         }
     }
 
@@ -125,6 +129,11 @@ impl MigrationState {
     /// A chunk from `finish_reason` on has been relayed: nothing is left to generate.
     pub fn finished(&self) -> bool {
         self.finished
+    }
+
+    /// The worker's `data: [DONE]` has been relayed.
+    pub fn done_seen(&self) -> bool {
+        self.done_seen
     }
 
     /// Tokens generated so far: exact with ids, else one per event that carried text.
@@ -163,6 +172,9 @@ impl MigrationState {
         let mut out = Vec::with_capacity(whole.len());
         for line in whole.split_inclusive(|&b| b == b'\n') {
             let trimmed = line.trim_ascii();
+            if trimmed.starts_with(DONE) {
+                self.done_seen = true;
+            }
             if !trimmed.starts_with(DATA) || trimmed.starts_with(DONE) {
                 out.extend_from_slice(line);
                 continue;
@@ -293,6 +305,10 @@ impl MigrationState {
         changed
     }
 
+    fn movable(&self) -> bool {
+        self.refused.is_none() && self.migrations_left > 0
+    }
+
     /// Whether the generation may move now.
     pub fn can_migrate(&self) -> bool {
         self.refused.is_none() && self.migrations_left > 0 && !self.finished
@@ -334,12 +350,23 @@ impl MigrationState {
             ] {
                 body.remove(chat_only);
             }
+            if self.kind == ApiKind::Chat {
+                // Completions read `max_tokens` only (vLLM's default there is 16): the
+                // chat budget moves to it, and no budget is `null`, the context's end.
+                let budget = body
+                    .remove("max_completion_tokens")
+                    .filter(|v| !v.is_null())
+                    .or_else(|| body.get("max_tokens").cloned())
+                    .unwrap_or(Value::Null);
+                body.insert("max_tokens".into(), budget);
+            }
             self.carried = produced;
             body.insert("prompt".into(), json!(prompt));
             Continuation {
                 body,
                 kind: ApiKind::Completions,
                 exact: true,
+                movable: self.movable(),
             }
         } else {
             if let Some(Value::Array(messages)) = body.get_mut("messages") {
@@ -358,6 +385,7 @@ impl MigrationState {
                 body,
                 kind: self.kind,
                 exact: false,
+                movable: self.movable(),
             }
         };
         self.reshape = self.kind == ApiKind::Chat && cont.kind == ApiKind::Completions;
@@ -458,7 +486,21 @@ mod tests {
         assert_eq!(cont.body["prompt"], json!([1, 2, 5, 6]));
         assert_eq!(cont.body["max_tokens"], json!(8));
         assert!(!cont.body.contains_key("messages"));
-        assert!(!st.can_migrate(), "limit 1 spent");
+        assert!(!st.can_migrate() && !cont.movable, "limit 1 spent");
+        // A chat budget in max_completion_tokens (or none) becomes completions' max_tokens.
+        for (budget, want) in [
+            (json!({"max_completion_tokens": 10}), json!(9)),
+            (json!({}), Value::Null),
+        ] {
+            let mut b = body(json!({"model": "m", "messages": [], "stream": true}));
+            b.extend(budget.as_object().unwrap().clone());
+            let mut st = MigrationState::new(&b, ApiKind::Chat, 2);
+            st.observe(&chat_chunk("a", Some(&[5]), Some(&[1, 2])));
+            let cont = st.next_continuation();
+            assert_eq!(cont.body["max_tokens"], want);
+            assert!(!cont.body.contains_key("max_completion_tokens"));
+            assert!(cont.movable, "one move left");
+        }
         // The continuation answers in the completions shape, with its own id.
         let next = event(
             json!({"id": "cmpl-9", "created": 9, "object": "text_completion",

@@ -101,12 +101,24 @@ impl PlaneError {
     }
 }
 
+/// How a stream ended without its `done` frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// The worker failed, vanished or stalled past the idle timeout: it may move.
+    Broken,
+    /// The worker handed the request back (it drains): it may move.
+    HandedBack,
+    /// The request ran out of its total time (`--nats-req-max-duration`, on the gateway
+    /// or the worker): it ends here.
+    OverTime,
+}
+
 /// A stream that ended without its `done` frame, inside the body's `io::Error`: the
-/// relay reads `draining` to tell a hand-back from a failure.
+/// relay reads `how` to tell a hand-back or a time limit from a failure.
 #[derive(Debug)]
 pub struct StreamEnded {
-    /// The worker handed the request back (it drains).
-    pub draining: bool,
+    /// How it ended.
+    pub how: Ending,
     /// What happened.
     pub message: String,
 }
@@ -119,12 +131,15 @@ impl std::fmt::Display for StreamEnded {
 
 impl std::error::Error for StreamEnded {}
 
-/// Whether a body error is a worker handing its request back.
-pub fn is_hand_back(e: &std::io::Error) -> bool {
+/// How a body error ended its stream (`Broken` for any error not from NATS).
+pub fn ending_of(e: &std::io::Error) -> Ending {
     e.get_ref()
         .and_then(|inner| inner.downcast_ref::<StreamEnded>())
-        .is_some_and(|s| s.draining)
+        .map_or(Ending::Broken, |s| s.how)
 }
+
+/// The worker's error text when a request outlived its max duration.
+const OVER_TIME_TEXT: &[u8] = b"request exceeded max duration";
 
 /// The gateway's connection to the request plane.
 #[derive(Debug)]
@@ -273,11 +288,16 @@ impl NatsPlane {
                     Err(e) => Err(e.to_string()),
                 }
             }
-            None => self
-                .client
-                .publish_with_reply(subject, inbox, payload)
-                .await
-                .map_err(|e| e.to_string()),
+            None => {
+                // The inbox in `rs-inbox` too: a worker that takes its requests from the
+                // work queue reads it there, and the earlier worker reads it first.
+                let mut headers = HeaderMap::new();
+                headers.insert(HEADER_INBOX, inbox.as_str());
+                self.client
+                    .publish_with_reply_and_headers(subject, inbox, headers, payload)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
         };
         if let Err(e) = published {
             reply.cancel.armed = false;
@@ -286,7 +306,7 @@ impl NatsPlane {
             )));
         }
         let first = reply.next_frame().await.map_err(|e| match e {
-            Next::Timeout(m) => PlaneError::Timeout(m),
+            Next::Timeout(m, _) => PlaneError::Timeout(m),
             Next::NoResponder => PlaneError::NoResponder,
             Next::Gone(m) => PlaneError::Failed(m),
         })?;
@@ -371,7 +391,8 @@ fn is_stream_ack(msg: &Message) -> bool {
 
 /// Why no next frame.
 enum Next {
-    Timeout(String),
+    /// A timeout (`true`: the total one).
+    Timeout(String, bool),
     NoResponder,
     Gone(String),
 }
@@ -448,15 +469,21 @@ impl Reply {
         };
         tokio::select! {
             frame = frame => frame,
-            () = expired => Err(Next::Timeout(match (total_end, self.settings) {
+            () = expired => Err(match (total_end, self.settings) {
                 (Some(end), PlaneSettings { max_duration: Some(t), .. }) if Instant::now() >= end => {
-                    format!("nats request exceeded total timeout {:.0}s", t.as_secs_f64())
+                    Next::Timeout(
+                        format!("nats request exceeded total timeout {:.0}s", t.as_secs_f64()),
+                        true,
+                    )
                 }
-                (_, s) => format!(
-                    "nats request stalled: no reply within {:.0}s (idle timeout)",
-                    s.idle_timeout.unwrap_or_default().as_secs_f64()
+                (_, s) => Next::Timeout(
+                    format!(
+                        "nats request stalled: no reply within {:.0}s (idle timeout)",
+                        s.idle_timeout.unwrap_or_default().as_secs_f64()
+                    ),
+                    false,
                 ),
-            })),
+            }),
             () = worker_gone(client, probe_subject) => Err(Next::Gone(format!(
                 "worker {} left: its NATS subscription is gone", self.worker
             ))),
@@ -468,7 +495,7 @@ impl Reply {
         let mut body = bytes::BytesMut::from(&first[..]);
         loop {
             let frame = self.next_frame().await.map_err(|e| match e {
-                Next::Timeout(m) => PlaneError::Timeout(m),
+                Next::Timeout(m, _) => PlaneError::Timeout(m),
                 Next::NoResponder => PlaneError::NoResponder,
                 Next::Gone(m) => PlaneError::Failed(m),
             })?;
@@ -495,9 +522,7 @@ impl Reply {
     fn into_body(self) -> BodyStream {
         Box::pin(futures::stream::unfold(Some(self), |reply| async move {
             let mut reply = reply?;
-            let ended = |draining, message: String| {
-                std::io::Error::other(StreamEnded { draining, message })
-            };
+            let ended = |how, message: String| std::io::Error::other(StreamEnded { how, message });
             match reply.next_frame().await {
                 Ok(f) if f.kind == FrameType::Data => Some((Ok(f.payload), Some(reply))),
                 Ok(f) if f.kind == FrameType::Done => {
@@ -506,12 +531,23 @@ impl Reply {
                 }
                 Ok(f) => {
                     reply.cancel.armed = false;
-                    let draining = is_draining_notice(&f.payload);
+                    let how = if is_draining_notice(&f.payload) {
+                        Ending::HandedBack
+                    } else if f.payload.starts_with(OVER_TIME_TEXT) {
+                        Ending::OverTime
+                    } else {
+                        Ending::Broken
+                    };
                     let text = String::from_utf8_lossy(&f.payload).into_owned();
-                    Some((Err(ended(draining, text)), None))
+                    Some((Err(ended(how, text)), None))
                 }
-                Err(Next::Timeout(m) | Next::Gone(m)) => Some((Err(ended(false, m)), None)),
-                Err(Next::NoResponder) => Some((Err(ended(false, "no responders".into())), None)),
+                Err(Next::Timeout(m, true)) => Some((Err(ended(Ending::OverTime, m)), None)),
+                Err(Next::Timeout(m, false) | Next::Gone(m)) => {
+                    Some((Err(ended(Ending::Broken, m)), None))
+                }
+                Err(Next::NoResponder) => {
+                    Some((Err(ended(Ending::Broken, "no responders".into())), None))
+                }
             }
         }))
     }

@@ -14,7 +14,7 @@ use crate::gateway::Inflight;
 use crate::health_check::stall_error;
 use crate::metrics::{Metrics, Outcome};
 use crate::migration::{Continuation, MigrationState};
-use crate::nats_plane::is_hand_back;
+use crate::nats_plane::{Ending, ending_of};
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use infera_proto::error_class::{ApiError, ErrorClass};
@@ -340,7 +340,7 @@ pub fn relay_body(
         loop {
             let next =
                 tokio::time::timeout(st.idle, next_or_abort(&mut st.upstream, &mut st.abort));
-            let (failure, draining) = match next.await {
+            let (failure, ending) = match next.await {
                 Ok(Err(aborted)) => {
                     st.guard.outcome = Outcome::UpstreamError;
                     st.done = true;
@@ -389,26 +389,28 @@ pub fn relay_body(
                         ErrorClass::BadGateway,
                         format!("worker {} broke the stream: {e}", st.worker),
                     ),
-                    is_hand_back(&e),
+                    ending_of(&e),
                 ),
                 Err(_) => (
                     ApiError::new(
                         ErrorClass::GatewayTimeout,
                         format!("worker {} sent nothing for {:?}", st.worker, st.idle),
                     ),
-                    false,
+                    Ending::Broken,
                 ),
             };
-            if !draining {
+            if ending == Ending::Broken {
                 st.breakers.on_failure(&st.worker, Instant::now());
             }
-            if st.migration.is_some() {
-                match migrate(&mut st, draining).await {
+            // A request out of its total time ends here, wherever it would go next.
+            if st.migration.is_some() && ending != Ending::OverTime {
+                match migrate(&mut st, ending == Ending::HandedBack).await {
                     Moved::Yes => continue,
-                    Moved::Finished => {
+                    Moved::Finished(done_sent) => {
                         st.guard.set_outcome(Outcome::Ok);
                         st.done = true;
-                        return Some((Ok(Bytes::from_static(b"data: [DONE]\n\n")), st));
+                        return (!done_sent)
+                            .then(|| (Ok(Bytes::from_static(b"data: [DONE]\n\n")), st));
                     }
                     Moved::No => {}
                 }
@@ -433,8 +435,9 @@ pub fn relay_body(
 enum Moved {
     /// The stream goes on from another worker.
     Yes,
-    /// Nothing was left to generate: the stream only needs its end.
-    Finished,
+    /// Nothing was left to generate: the stream only needs its end (`true`: the
+    /// worker's `[DONE]` went out already).
+    Finished(bool),
     /// It could not move (counted).
     No,
 }
@@ -447,7 +450,7 @@ async fn migrate(st: &mut RelayState, draining: bool) -> Moved {
     };
     let metrics = st.guard.metrics.clone();
     if m.state.finished() {
-        return Moved::Finished;
+        return Moved::Finished(m.state.done_seen());
     }
     if !m.state.can_migrate() {
         let reason = if m.state.refusal().is_some() {

@@ -302,6 +302,54 @@ async fn a_decode_failing_mid_stream_ends_with_an_error_event() {
     assert!(events.len() >= 2, "tokens came before the failure: {text}");
 }
 
+/// The text of a completions stream.
+fn streamed_text(text: &str) -> String {
+    sse_events(text)
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter_map(|v| v["choices"][0]["text"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_decode_failing_mid_stream_is_continued_by_a_new_pair() {
+    let protocol = PdProtocol::VllmMooncake;
+    let prefix = unique_prefix();
+    let (_prefill, pr) = start_leg(protocol, PdLeg::Prefill).await;
+    let (first, fr) = start_leg(protocol, PdLeg::Decode).await;
+    let (second, sr) = start_leg(protocol, PdLeg::Decode).await;
+    for r in [&pr, &fr, &sr] {
+        register(&prefix, r, 30).await;
+    }
+    let gw = start_gw(&prefix, &["--migration-limit", "1"]).await;
+    wait_workers(&gw, 3).await;
+    let mut body = completion(true);
+    body["max_tokens"] = json!(20);
+    let (status, unfaulted) = post(&gw, "/v1/completions", &body).await;
+    assert_eq!(status, 200, "{unfaulted}");
+    // Each decode breaks its stream after 12 tokens: the continuation needs 8.
+    for decode in [&first, &second] {
+        set_faults(
+            decode,
+            FaultSettings {
+                fail_after_tokens: Some(12),
+                ..Default::default()
+            },
+        )
+        .await;
+    }
+    let (status, moved) = post(&gw, "/v1/completions", &body).await;
+    assert_eq!(status, 200);
+    assert!(!moved.contains("\"error\""), "{moved}");
+    assert_eq!(streamed_text(&moved), streamed_text(&unfaulted), "{moved}");
+    assert!(moved.ends_with("data: [DONE]\n\n"), "{moved}");
+    let m = metrics(&gw).await;
+    assert!(
+        m.contains("infera_migrations_total{reason=\"stream_broken\"} 1"),
+        "{m}"
+    );
+}
+
 #[tokio::test]
 async fn mismatched_protocols_and_chat_to_atom_get_clear_errors() {
     let pair = start_pair(PdProtocol::VllmMooncake, PdProtocol::SglangBootstrap, &[]).await;
