@@ -305,11 +305,7 @@ impl NatsPlane {
                 "cannot publish the request: {e}"
             )));
         }
-        let first = reply.next_frame().await.map_err(|e| match e {
-            Next::Timeout(m, _) => PlaneError::Timeout(m),
-            Next::NoResponder => PlaneError::NoResponder,
-            Next::Gone(m) => PlaneError::Failed(m),
-        })?;
+        let first = reply.next_frame().await?;
         match first.kind {
             FrameType::Error if is_draining_notice(&first.payload) => {
                 reply.cancel.armed = false;
@@ -395,6 +391,16 @@ enum Next {
     Timeout(String, bool),
     NoResponder,
     Gone(String),
+}
+
+impl From<Next> for PlaneError {
+    fn from(next: Next) -> Self {
+        match next {
+            Next::Timeout(m, _) => Self::Timeout(m),
+            Next::NoResponder => Self::NoResponder,
+            Next::Gone(m) => Self::Failed(m),
+        }
+    }
 }
 
 /// Publishes the inbox to the worker's cancel subject when dropped armed.
@@ -494,11 +500,7 @@ impl Reply {
     async fn read_whole(mut self, first: Bytes) -> Result<WorkerResponse, PlaneError> {
         let mut body = bytes::BytesMut::from(&first[..]);
         loop {
-            let frame = self.next_frame().await.map_err(|e| match e {
-                Next::Timeout(m, _) => PlaneError::Timeout(m),
-                Next::NoResponder => PlaneError::NoResponder,
-                Next::Gone(m) => PlaneError::Failed(m),
-            })?;
+            let frame = self.next_frame().await?;
             match frame.kind {
                 FrameType::Data => body.extend_from_slice(&frame.payload),
                 FrameType::Done => {

@@ -15,6 +15,7 @@ use crate::health_check::stall_error;
 use crate::metrics::{Metrics, Outcome};
 use crate::migration::{Continuation, MigrationState};
 use crate::nats_plane::{Ending, ending_of};
+use crate::worker_response::BodyStream;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use infera_proto::error_class::{ApiError, ErrorClass};
@@ -24,8 +25,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use crate::worker_response::BodyStream;
 
 /// Resolves with an error when the relay must stop (a prefill leg failed).
 pub type Abort = Pin<Box<dyn Future<Output = ApiError> + Send>>;
