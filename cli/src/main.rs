@@ -20,7 +20,7 @@ enum Command {
     Up(infera::up::UpArgs),
     /// Run a benchmark scenario of BENCHMARKS.md against a simulated fleet: a table
     /// with progress while it runs, JSON and an SVG plot in --out.
-    Bench(infera::bench::BenchArgs),
+    Bench(Box<infera::bench::BenchArgs>),
     /// Convert manifests of the earlier Go operator's InferaDeployment (backendFramework,
     /// services, ...) into this project's InferaDeployment and PDTopology. Other
     /// documents pass through; what has no equivalent is reported on stderr.
@@ -41,7 +41,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Up(args) => return run_async(args),
-        Command::Bench(args) => return run_bench(args),
+        Command::Bench(args) => return run_bench(*args),
         Command::Convert(args) => {
             return match infera::convert::run(&args) {
                 Ok(code) => ExitCode::from(code),

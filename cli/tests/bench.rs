@@ -113,3 +113,80 @@ async fn s9_small_moves_every_broken_stream_over_both_transports_without_losing_
         assert!(moved["stall_ms_p50"].as_f64().unwrap() > 0.0, "{moved}");
     }
 }
+
+/// S8's ladder with a peer router on the same fleet, each router pinned to its own
+/// core: every policy and the peer at every rate, goodput and CPU for each, knees found.
+#[test]
+fn s8_small_runs_every_policy_and_a_peer_router_side_by_side() {
+    let python = infera_testkit::python_tools::python_with("sglang-router==0.3.2").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let peer = format!(
+        "sglang={} -m sglang_router.launch_router --host 127.0.0.1 --port {{port}} \
+         --prometheus-port {{metrics_port}} --worker-urls {{workers}} --policy cache_aware \
+         --disable-retries",
+        python.display()
+    );
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let mut cmd = Command::new(BIN);
+    cmd.args(["bench", "s8", "--small", "--router-cmd", &peer, "--out"])
+        .arg(dir.path())
+        // The SGLang router looks for a tokenizer on a model hub: fail that at once.
+        .env("HF_ENDPOINT", "http://127.0.0.1:1");
+    if cores >= 2 {
+        cmd.args(["--pin-router", &(cores - 1).to_string()]);
+    }
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("s8.json")).unwrap())
+            .unwrap();
+    let runs = report["runs"].as_array().unwrap();
+    let names: Vec<(&str, f64)> = runs
+        .iter()
+        .map(|r| (r["policy"].as_str().unwrap(), r["rate"].as_f64().unwrap()))
+        .collect();
+    let mut expected = Vec::new();
+    for rate in [8.0, 32.0] {
+        for p in [
+            "round-robin",
+            "kv-aware-w4",
+            "kv-aware-approximate-w4",
+            "external:sglang",
+        ] {
+            expected.push((p, rate));
+        }
+    }
+    assert_eq!(names, expected);
+    for r in runs {
+        let policy = r["policy"].as_str().unwrap();
+        assert_eq!(r["errors"], 0, "{policy}: {r}");
+        let good = r["good_share"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&good), "{policy}: {r}");
+        let goodput = r["goodput_req_s"].as_f64().unwrap();
+        assert!(goodput >= 0.0, "{policy}: {r}");
+        assert!(
+            r["gateway_cpu_us_per_request"].as_f64().unwrap() > 0.0,
+            "{policy}: the router's CPU is measured, the peer's process included: {r}"
+        );
+        assert!(r["driver_cpu_share"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let verdicts = &report["verdicts"];
+    assert_eq!(verdicts["baseline"], "external:sglang", "{verdicts}");
+    for p in [
+        "round-robin",
+        "kv-aware-w4",
+        "kv-aware-approximate-w4",
+        "external:sglang",
+    ] {
+        assert!(verdicts["knees"].get(p).is_some(), "{verdicts}");
+    }
+    assert!(
+        verdicts["ours"]["kv-aware-w4"]["at_knee"].is_object(),
+        "{verdicts}"
+    );
+}

@@ -2,21 +2,28 @@
 //! hashes `B`:
 //!
 //! `cost(t) = w · (|B| − hits(t)) + load(t)`, the minimum `(cost, load)` pair wins,
-//! where `hits(t)` counts the leading hashes of `B` in `t`'s view and
-//! `load(t) = active_blocks(t) + recent(t)`: distinct in-flight block hashes
-//! (refcounted across requests sharing a prefix, released when a request ends however it
-//! ends) plus a decayed sum: on every pick each `recent` total is multiplied by 0.97
-//! (values under 1e-3 dropped) and the winner is charged its missed blocks (1 when the
-//! request produced no blocks). Ties keep candidate order. Cost per decision:
-//! O(candidates × leading hits).
+//! where `hits(t)` counts the leading hashes of `B` that `t` holds: in its view (KV
+//! events, or the router's own picks in approximate mode) or in flight on it (a pick's
+//! blocks count as held from the pick on, so requests sharing a prefix follow the
+//! first one before its KV events arrive). `load(t)` estimates the wait a new request
+//! would see there, in blocks:
+//!
+//! `load(t) = queued(t) + REQUEST_COST · requests(t)`
+//!
+//! where `queued(t)` sums the missed blocks (prefill still to compute) of `t`'s
+//! in-flight requests that have not produced a token yet, and `requests(t)` counts its
+//! in-flight requests (each one decoding occupies a batch seat and slows every step).
+//! Cached blocks are not load: a hot prefix stays on its holder while its queue is
+//! short and spreads to a second worker once the holder's queued prefill and batch
+//! outweigh recomputing the prefix (`w · |prefix|`). Ties go to the target picked least
+//! recently (never picked first, then candidate order), so an idle fleet takes turns.
+//! Cost per decision: O(candidates × leading hits).
 
+use crate::prefix_index::TargetView;
 use std::collections::HashMap;
 
-/// Decay applied to every `recent` total on each pick.
-pub const RECENT_DECAY: f64 = 0.97;
-
-/// `recent` totals below this are dropped.
-pub const RECENT_FLOOR: f64 = 1e-3;
+/// What one in-flight request adds to its worker's load, in blocks.
+pub const REQUEST_COST: f64 = 4.0;
 
 /// A scored choice.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -31,28 +38,55 @@ pub struct KvChoice {
     pub load: f64,
 }
 
-/// In-flight and recent load per target.
+/// One target's in-flight work.
+#[derive(Debug, Default, Clone)]
+struct TargetLoad {
+    /// Block hash -> in-flight requests holding it.
+    blocks: HashMap<u64, u32>,
+    /// Missed blocks of in-flight requests still before their first token.
+    queued: usize,
+    /// In-flight requests.
+    requests: usize,
+}
+
+/// In-flight load per target.
 #[derive(Debug, Default, Clone)]
 pub struct LoadState {
-    recent: HashMap<String, f64>,
-    active: HashMap<String, HashMap<u64, u32>>,
+    targets: HashMap<String, TargetLoad>,
+    /// Target -> the number of its latest pick (tie-break: least recent first).
+    last_pick: HashMap<String, u64>,
+    picks: u64,
+}
+
+/// Leading hashes of `hashes` that `held` says are held.
+pub fn leading(hashes: &[u64], held: impl Fn(u64) -> bool) -> usize {
+    hashes.iter().take_while(|h| held(**h)).count()
 }
 
 impl LoadState {
-    /// `active_blocks(t) + recent(t)`.
+    /// `queued(t) + REQUEST_COST · requests(t)`.
     pub fn load(&self, target: &str) -> f64 {
-        self.active.get(target).map_or(0, HashMap::len) as f64
-            + self.recent.get(target).copied().unwrap_or(0.0)
+        self.targets
+            .get(target)
+            .map_or(0.0, |t| t.queued as f64 + REQUEST_COST * t.requests as f64)
     }
 
     /// Distinct in-flight blocks on `target`.
     pub fn active_blocks(&self, target: &str) -> usize {
-        self.active.get(target).map_or(0, HashMap::len)
+        self.targets.get(target).map_or(0, |t| t.blocks.len())
     }
 
     /// Distinct in-flight blocks over all targets.
     pub fn total_active_blocks(&self) -> usize {
-        self.active.values().map(HashMap::len).sum()
+        self.targets.values().map(|t| t.blocks.len()).sum()
+    }
+
+    /// Leading hashes of `hashes` that `target` holds in `view` or in flight.
+    pub fn hits(&self, target: &str, view: Option<&TargetView>, hashes: &[u64]) -> usize {
+        let flying = self.targets.get(target).map(|t| &t.blocks);
+        leading(hashes, |h| {
+            view.is_some_and(|v| v.contains(h)) || flying.is_some_and(|b| b.contains_key(&h))
+        })
     }
 
     /// The best of `candidates` (target key, leading hits) for a request of `blocks`
@@ -64,14 +98,17 @@ impl LoadState {
         weight: f64,
     ) -> Option<KvChoice> {
         let mut best: Option<KvChoice> = None;
+        let mut best_pick = 0;
         for (index, (key, hits)) in candidates.iter().enumerate() {
             let load = self.load(key);
             let cost = weight * (blocks.saturating_sub(*hits)) as f64 + load;
+            let pick = self.last_pick.get(*key).copied().unwrap_or(0);
             let better = match &best {
                 None => true,
-                Some(b) => (cost, load) < (b.cost, b.load),
+                Some(b) => (cost, load, pick) < (b.cost, b.load, best_pick),
             };
             if better {
+                best_pick = pick;
                 best = Some(KvChoice {
                     index,
                     hits: *hits,
@@ -83,49 +120,51 @@ impl LoadState {
         best
     }
 
-    /// Decays every `recent` total and charges the winner its missed blocks.
-    pub fn record_pick(&mut self, winner: &str, blocks: usize, hits: usize) {
-        self.recent.retain(|_, v| {
-            *v *= RECENT_DECAY;
-            *v >= RECENT_FLOOR
-        });
-        let missed = if blocks == 0 {
-            1
-        } else {
-            blocks.saturating_sub(hits)
-        };
-        *self.recent.entry(winner.to_owned()).or_default() += missed as f64;
+    /// Charges a picked request to `target`: its blocks in flight, its `missed`
+    /// blocks queued for prefill, one request.
+    pub fn charge(&mut self, target: &str, hashes: &[u64], missed: usize) {
+        let t = self.targets.entry(target.to_owned()).or_default();
+        for h in hashes {
+            *t.blocks.entry(*h).or_default() += 1;
+        }
+        t.queued += missed;
+        t.requests += 1;
+        self.picks += 1;
+        self.last_pick.insert(target.to_owned(), self.picks);
     }
 
-    /// Adds a request's blocks to `target`'s in-flight set.
-    pub fn charge(&mut self, target: &str, hashes: &[u64]) {
-        let active = self.active.entry(target.to_owned()).or_default();
-        for h in hashes {
-            *active.entry(*h).or_default() += 1;
+    /// The request's first token arrived: its `missed` blocks are computed.
+    pub fn prefilled(&mut self, target: &str, missed: usize) {
+        if let Some(t) = self.targets.get_mut(target) {
+            t.queued = t.queued.saturating_sub(missed);
         }
     }
 
-    /// Releases what [`Self::charge`] added.
-    pub fn release(&mut self, target: &str, hashes: &[u64]) {
-        if let Some(active) = self.active.get_mut(target) {
-            for h in hashes {
-                if let Some(n) = active.get_mut(h) {
-                    *n -= 1;
-                    if *n == 0 {
-                        active.remove(h);
-                    }
+    /// Releases what [`Self::charge`] added (`queued`: the missed blocks still
+    /// queued, 0 once [`Self::prefilled`]).
+    pub fn release(&mut self, target: &str, hashes: &[u64], queued: usize) {
+        let Some(t) = self.targets.get_mut(target) else {
+            return;
+        };
+        for h in hashes {
+            if let Some(n) = t.blocks.get_mut(h) {
+                *n -= 1;
+                if *n == 0 {
+                    t.blocks.remove(h);
                 }
             }
-            if active.is_empty() {
-                self.active.remove(target);
-            }
+        }
+        t.queued = t.queued.saturating_sub(queued);
+        t.requests = t.requests.saturating_sub(1);
+        if t.requests == 0 {
+            self.targets.remove(target);
         }
     }
 
     /// Forgets a target.
     pub fn remove_target(&mut self, target: &str) {
-        self.recent.remove(target);
-        self.active.remove(target);
+        self.targets.remove(target);
+        self.last_pick.remove(target);
     }
 }
 
@@ -134,59 +173,98 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn blocks(range: std::ops::Range<u64>) -> Vec<u64> {
+        range.collect()
+    }
+
     #[test]
-    fn prefers_the_holder_until_load_outweighs_the_hits() {
+    fn prefers_the_holder_until_its_queue_outweighs_the_hits() {
         let mut s = LoadState::default();
         // 10 blocks; a holds 8 of them.
         let c = s.choose(&[("a", 8), ("b", 0)], 10, 1.0).unwrap();
         assert_eq!((c.index, c.hits), (0, 8));
-        // Load a with in-flight work: 9 distinct active blocks > the 8-block saving.
-        s.charge("a", &(100..109).collect::<Vec<_>>());
+        // 9 blocks of prefill queued on a: 9 + 4 (one request) + 2 > 10.
+        s.charge("a", &blocks(100..109), 9);
         assert_eq!(s.choose(&[("a", 8), ("b", 0)], 10, 1.0).unwrap().index, 1);
         // A heavier weight brings it back.
         assert_eq!(s.choose(&[("a", 8), ("b", 0)], 10, 2.0).unwrap().index, 0);
+        // Once that request's prefill is done only its seat counts: 4 + 2 < 10.
+        s.prefilled("a", 9);
+        assert_eq!(s.choose(&[("a", 8), ("b", 0)], 10, 1.0).unwrap().index, 0);
     }
 
     #[test]
-    fn recent_load_decays_and_spreads_requests_without_blocks() {
+    fn a_picks_blocks_count_as_held_before_its_events_arrive() {
+        let mut s = LoadState::default();
+        let prompt = blocks(0..64);
+        // The first request of a prefix goes to a (nobody holds it).
+        s.charge("a", &prompt, 64);
+        // The second shares 60 leading blocks: a holds them in flight.
+        let second: Vec<u64> = (0..60).chain(1000..1004).collect();
+        assert_eq!(s.hits("a", None, &second), 60);
+        assert_eq!(s.hits("b", None, &second), 0);
+        let a = s.hits("a", None, &second);
+        // Queued 64 + one seat 4 + missing 4 = 72 < 64 on the empty b: b wins at weight 1
+        // while a's prefill is queued...
+        assert_eq!(s.choose(&[("a", a), ("b", 0)], 64, 1.0).unwrap().index, 1);
+        // ...and a wins once it is computing tokens (the prefix is computed there).
+        s.prefilled("a", 64);
+        assert_eq!(s.choose(&[("a", a), ("b", 0)], 64, 1.0).unwrap().index, 0);
+        // The hold ends with the request.
+        s.release("a", &prompt, 0);
+        assert_eq!(s.hits("a", None, &second), 0);
+        assert_eq!(s.load("a"), 0.0);
+    }
+
+    #[test]
+    fn an_idle_fleet_takes_turns() {
+        let mut s = LoadState::default();
+        let mut picks = Vec::new();
+        for _ in 0..6 {
+            let c = s.choose(&[("a", 0), ("b", 0), ("c", 0)], 4, 1.0).unwrap();
+            let key = ["a", "b", "c"][c.index];
+            // Each request ends before the next arrives.
+            s.charge(key, &[1, 2, 3, 4], 4);
+            s.release(key, &[1, 2, 3, 4], 4);
+            picks.push(key);
+        }
+        assert_eq!(picks, ["a", "b", "c", "a", "b", "c"]);
+    }
+
+    #[test]
+    fn requests_without_blocks_spread_by_seats() {
         let mut s = LoadState::default();
         let mut picks = Vec::new();
         for _ in 0..4 {
             let c = s.choose(&[("a", 0), ("b", 0)], 0, 1.0).unwrap();
             let key = if c.index == 0 { "a" } else { "b" };
-            s.record_pick(key, 0, 0);
+            s.charge(key, &[], 0);
             picks.push(key);
         }
         assert_eq!(picks, vec!["a", "b", "a", "b"]);
-        for _ in 0..400 {
-            s.record_pick("b", 0, 0);
-        }
-        assert_eq!(
-            s.recent.get("a"),
-            None,
-            "a's recent total decayed below the floor and was dropped"
-        );
     }
 
     #[test]
     fn shared_prefix_blocks_are_refcounted() {
         let mut s = LoadState::default();
-        s.charge("a", &[1, 2, 3]);
-        s.charge("a", &[1, 2, 4]);
+        s.charge("a", &[1, 2, 3], 3);
+        s.charge("a", &[1, 2, 4], 1);
         assert_eq!(s.active_blocks("a"), 4);
-        s.release("a", &[1, 2, 3]);
+        assert_eq!(s.load("a"), 4.0 + 2.0 * REQUEST_COST);
+        s.release("a", &[1, 2, 3], 3);
         assert_eq!(s.active_blocks("a"), 3);
-        s.release("a", &[1, 2, 4]);
+        s.release("a", &[1, 2, 4], 1);
         assert_eq!(s.total_active_blocks(), 0);
+        assert_eq!(s.load("a"), 0.0);
     }
 
     proptest! {
         #[test]
-        fn choice_has_minimal_cost_and_load(hits in proptest::collection::vec(0usize..20, 1..8), blocks in 0usize..20, w in 0.1f64..10.0, loads in proptest::collection::vec(0u64..30, 8)) {
+        fn choice_has_minimal_cost_and_load(hits in proptest::collection::vec(0usize..20, 1..8), blocks in 0usize..20, w in 0.1f64..10.0, loads in proptest::collection::vec(0usize..30, 8)) {
             let mut s = LoadState::default();
             let keys: Vec<String> = (0..hits.len()).map(|i| format!("t{i}")).collect();
             for (k, l) in keys.iter().zip(&loads) {
-                s.charge(k, &(0..*l).collect::<Vec<_>>());
+                s.charge(k, &(0..*l as u64).collect::<Vec<_>>(), *l);
             }
             let cands: Vec<(&str, usize)> = keys.iter().map(String::as_str).zip(hits.iter().map(|h| (*h).min(blocks))).collect();
             let c = s.choose(&cands, blocks, w).unwrap();
@@ -198,11 +276,26 @@ mod tests {
         }
 
         #[test]
-        fn charge_then_release_restores_the_state(sets in proptest::collection::vec(proptest::collection::vec(0u64..50, 0..20), 1..10)) {
+        fn charge_then_release_restores_the_state(sets in proptest::collection::vec((proptest::collection::vec(0u64..50, 0..20), 0usize..20, any::<bool>()), 1..10)) {
             let mut s = LoadState::default();
-            for set in &sets { s.charge("t", set); }
-            for set in sets.iter().rev() { s.release("t", set); }
+            for (set, missed, _) in &sets { s.charge("t", set, *missed); }
+            for (set, missed, done) in sets.iter().rev() {
+                if *done { s.prefilled("t", *missed); }
+                s.release("t", set, if *done { 0 } else { *missed });
+            }
             prop_assert_eq!(s.total_active_blocks(), 0);
+            prop_assert_eq!(s.load("t"), 0.0);
+        }
+
+        #[test]
+        fn a_hot_prefix_stays_on_its_holder_until_its_queue_costs_more_than_recomputing(prefix in 8usize..200, question in 1usize..16, queued in 0usize..400, w in 1.0f64..8.0) {
+            // a holds the prefix and has `queued` blocks of prefill waiting; b is idle.
+            let mut s = LoadState::default();
+            s.charge("a", &[], queued);
+            let total = prefix + question;
+            let c = s.choose(&[("a", prefix), ("b", 0)], total, w).unwrap();
+            let stay = w * question as f64 + queued as f64 + REQUEST_COST < w * total as f64;
+            prop_assert_eq!(c.index == 0, stay);
         }
     }
 }

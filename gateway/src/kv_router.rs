@@ -38,18 +38,33 @@ impl RequestBlocks {
     }
 }
 
-/// In-flight blocks charged to a target, released when the request ends.
+/// A request's load charged to a target, released when the request ends.
 #[derive(Debug)]
 pub struct KvCharge {
     router: Arc<KvRouter>,
     target: String,
     hashes: Vec<u64>,
+    /// Missed blocks still counted as queued prefill.
+    queued: usize,
+}
+
+impl KvCharge {
+    /// The request's first token arrived: its prefill no longer queues on the target.
+    pub fn prefilled(&mut self) {
+        if self.queued == 0 {
+            return;
+        }
+        if let Ok(mut s) = self.router.state.lock() {
+            s.load.prefilled(&self.target, self.queued);
+        }
+        self.queued = 0;
+    }
 }
 
 impl Drop for KvCharge {
     fn drop(&mut self) {
         if let Ok(mut s) = self.router.state.lock() {
-            s.load.release(&self.target, &self.hashes);
+            s.load.release(&self.target, &self.hashes, self.queued);
         }
     }
 }
@@ -237,7 +252,7 @@ impl KvRouter {
                 let hashes = blocks.at(block_size_of(&t.record));
                 (
                     t.key.as_str(),
-                    state.index.hits(&t.key, hashes),
+                    state.load.hits(&t.key, state.index.view(&t.key), hashes),
                     hashes.len(),
                 )
             })
@@ -251,8 +266,9 @@ impl KvRouter {
         state.load.choose(&pairs, n, weight).map(|c| c.index)
     }
 
-    /// Records that `target` was picked: decays and charges load, grows an approximate
-    /// view, logs the pick, and returns the in-flight charge.
+    /// Records that `target` was picked: charges its load, grows an approximate view,
+    /// logs the pick (hits: the view's, as the cache-hit metrics count them), and
+    /// returns the in-flight charge.
     pub fn commit(
         self: &Arc<Self>,
         target: &Target,
@@ -262,8 +278,11 @@ impl KvRouter {
         let hashes = blocks.at(block_size_of(&target.record)).to_vec();
         let mut state = self.state.lock().ok()?;
         let hits = state.index.hits(&target.key, &hashes);
-        state.load.record_pick(&target.key, hashes.len(), hits);
-        state.load.charge(&target.key, &hashes);
+        let held = state
+            .load
+            .hits(&target.key, state.index.view(&target.key), &hashes);
+        let queued = hashes.len().saturating_sub(held);
+        state.load.charge(&target.key, &hashes, queued);
         if is_approximate(&target.record, self.approximate_all) {
             let view = state.index.view_mut(&target.key);
             if view.len() + hashes.len() > APPROXIMATE_VIEW_CAP {
@@ -287,6 +306,7 @@ impl KvRouter {
             router: self.clone(),
             target: target.key.clone(),
             hashes,
+            queued,
         })
     }
 

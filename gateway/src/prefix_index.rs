@@ -73,6 +73,11 @@ impl TargetView {
         self.blocks.is_empty()
     }
 
+    /// Whether block `hash` is held.
+    pub fn contains(&self, hash: u64) -> bool {
+        self.blocks.contains(&hash)
+    }
+
     /// Leading hashes of `hashes` held.
     pub fn leading_hits(&self, hashes: &[u64]) -> usize {
         hashes

@@ -12,6 +12,7 @@ use crate::breaker::Breakers;
 use crate::forward::{Forwarded, Sent, Upstream};
 use crate::gateway::Inflight;
 use crate::health_check::stall_error;
+use crate::kv_router::KvCharge;
 use crate::metrics::{Metrics, Outcome};
 use crate::migration::{Continuation, MigrationState};
 use crate::nats_plane::{Ending, ending_of};
@@ -43,7 +44,7 @@ pub struct RequestGuard {
     /// Per-worker in-flight counters to release.
     pub inflight: Vec<(Arc<Inflight>, String)>,
     /// kv-aware in-flight blocks, released on drop.
-    pub kv_charges: Vec<crate::kv_router::KvCharge>,
+    pub kv_charges: Vec<KvCharge>,
     /// The connector of a prefill/decode request.
     pub pd_protocol: Option<PdProtocol>,
     /// The request's span: it ends (is exported) when the guard drops.
@@ -355,6 +356,7 @@ pub fn relay_body(
                     match st.last {
                         None => {
                             tracing::debug!(target: SPAN_EVENTS, parent: &st.guard.span, "first byte");
+                            st.guard.kv_charges.iter_mut().for_each(KvCharge::prefilled);
                             st.guard
                                 .metrics
                                 .observe_ttft(now.duration_since(st.guard.started).as_secs_f64())

@@ -332,14 +332,20 @@ async fn shared_prefixes_follow_events_relayed_through_jetstream() {
             "no event reached the gateway through JetStream"
         );
         i += 1;
-        http.post(gw_url(&gw, "/v1/chat/completions"))
-            .json(&prefixed(
-                &format!("warm-up {i} text that fills a block"),
-                "q",
-            ))
-            .send()
-            .await
-            .unwrap();
+        // Two at once: the second sees the first's queued prefill on its worker and goes
+        // to the other (one at a time, every warm-up would follow the chat template's
+        // shared first block to one worker).
+        let send = |n: usize| {
+            http.post(gw_url(&gw, "/v1/chat/completions"))
+                .json(&prefixed(
+                    &format!("warm-up {n} text that fills a block"),
+                    "q",
+                ))
+                .send()
+        };
+        let (first, second) = tokio::join!(send(2 * i), send(2 * i + 1));
+        first.unwrap();
+        second.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_prefix_affinity(&gw, &[&a.worker, &b.worker], "jetstream").await;

@@ -24,6 +24,7 @@ use infera_prompt::PromptCodec;
 use infera_proto::worker::EngineKind;
 use serde_json::{Value, json};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 
@@ -65,6 +66,8 @@ pub struct WorkerState {
     /// The W3C `traceparent` of the last generation request, as an engine with
     /// OpenTelemetry tracing would continue it (`GET /sim/trace`).
     pub last_traceparent: std::sync::Mutex<Option<String>>,
+    /// Serve vLLM's render endpoints.
+    pub scale_out: bool,
 }
 
 type Shared = Arc<WorkerState>;
@@ -74,7 +77,15 @@ const SIM_MAX_BODY_BYTES: usize = 256 << 20;
 
 /// The worker's router.
 pub fn build_router(state: Shared) -> Router {
-    Router::new()
+    let router = if state.scale_out {
+        Router::new()
+            .route("/v1/completions/render", post(render_completion))
+            .route("/v1/chat/completions/render", post(render_chat))
+    } else {
+        Router::new()
+    };
+    router
+        .route("/tokenize", post(tokenize))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
@@ -118,8 +129,8 @@ fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
-/// Tokenizes the prompt of a validated request.
-fn prompt_tokens(s: &WorkerState, req: &ParsedRequest) -> Result<Vec<u32>, Rejection> {
+/// The prompt of a validated request as token ids (no length check).
+fn encode_prompt(s: &WorkerState, req: &ParsedRequest) -> Result<Vec<u32>, Rejection> {
     let tokens = match &req.prompt {
         PromptInput::Chat => s
             .codec
@@ -137,6 +148,12 @@ fn prompt_tokens(s: &WorkerState, req: &ParsedRequest) -> Result<Vec<u32>, Rejec
             Some("prompt"),
         ));
     }
+    Ok(tokens)
+}
+
+/// Tokenizes the prompt of a validated request and checks it fits.
+fn prompt_tokens(s: &WorkerState, req: &ParsedRequest) -> Result<Vec<u32>, Rejection> {
+    let tokens = encode_prompt(s, req)?;
     // Saturating: a max_tokens near u64::MAX is refused like any other too-long request.
     let requested = tokens.len().saturating_add(req.max_tokens);
     if requested > s.max_model_len {
@@ -426,6 +443,56 @@ fn stream_response(
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::from_stream(stream))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// `POST /tokenize` (vLLM's): a completion `prompt` or chat `messages` as token ids,
+/// `{"count", "max_model_len", "tokens", "token_strs"}`.
+async fn tokenize(State(s): State<Shared>, body: Bytes) -> Response {
+    let chat = serde_json::from_slice::<Value>(&body).is_ok_and(|v| v.get("messages").is_some());
+    let endpoint = if chat {
+        Endpoint::Chat
+    } else {
+        Endpoint::Completions
+    };
+    let tokens = parse_request(endpoint, &body, &s.model, s.default_max_tokens)
+        .and_then(|req| encode_prompt(&s, &req));
+    match tokens {
+        Ok(tokens) => axum::Json(json!({
+            "count": tokens.len(), "max_model_len": s.max_model_len,
+            "tokens": tokens, "token_strs": null,
+        }))
+        .into_response(),
+        Err(r) => error_response(&s, &r),
+    }
+}
+
+/// Requests rendered so far (their ids).
+static RENDERED: AtomicU64 = AtomicU64::new(0);
+
+async fn render_completion(State(s): State<Shared>, body: Bytes) -> Response {
+    render(&s, Endpoint::Completions, &body)
+}
+
+async fn render_chat(State(s): State<Shared>, body: Bytes) -> Response {
+    render(&s, Endpoint::Chat, &body)
+}
+
+/// vLLM's render endpoints: the request as the engine's token-in generate request
+/// (`token_ids`), a list of one for completions and one object for chat.
+fn render(s: &WorkerState, endpoint: Endpoint, body: &[u8]) -> Response {
+    let rendered = parse_request(endpoint, body, &s.model, s.default_max_tokens).and_then(|req| {
+        let ids = encode_prompt(s, &req)?;
+        Ok(json!({
+            "request_id": format!("render-sim-{}", RENDERED.fetch_add(1, Ordering::Relaxed)),
+            "token_ids": ids, "features": null, "model": s.model,
+            "stream": req.body.get("stream").cloned().unwrap_or(Value::Bool(false)),
+        }))
+    });
+    match (rendered, endpoint) {
+        (Ok(item), Endpoint::Completions) => axum::Json(json!([item])).into_response(),
+        (Ok(item), Endpoint::Chat) => axum::Json(item).into_response(),
+        (Err(r), _) => error_response(s, &r),
+    }
 }
 
 async fn models(State(s): State<Shared>) -> Response {

@@ -198,6 +198,12 @@ pub struct Cli {
     /// Fault: never listen, so connections are refused.
     #[arg(long)]
     pub refuse_connections: bool,
+
+    /// Serve `POST /v1/completions/render` and `/v1/chat/completions/render` (prompt
+    /// to token ids, as vLLM does with this flag; without it they are 404 and routers
+    /// fall back to `POST /tokenize`, which is always served).
+    #[arg(long)]
+    pub enable_scale_out: bool,
 }
 
 /// Parses `args`, dropping engine flags the simulator does not know (with a warning
@@ -488,6 +494,7 @@ impl Cli {
                     faults: faults.clone(),
                     startup_delay: Duration::from_secs_f64(self.startup_delay.max(0.0)),
                     refuse_connections: self.refuse_connections,
+                    enable_scale_out: self.enable_scale_out,
                 })
             })
             .collect()

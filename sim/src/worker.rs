@@ -53,6 +53,8 @@ pub struct WorkerConfig {
     pub startup_delay: Duration,
     /// Never listen: connections are refused.
     pub refuse_connections: bool,
+    /// Serve vLLM's render endpoints (`--enable-scale-out`).
+    pub enable_scale_out: bool,
 }
 
 /// A running worker.
@@ -144,6 +146,7 @@ pub async fn start_worker(
         max_num_batched_tokens: core.max_num_batched_tokens,
         max_num_seqs: core.max_num_seqs,
         last_traceparent: Default::default(),
+        scale_out: cfg.enable_scale_out,
     });
     let (shutdown, mut stop) = watch::channel(false);
     let router = build_router(state.clone());

@@ -23,6 +23,18 @@ pub fn client() -> anyhow::Result<reqwest::Client> {
         .build()?)
 }
 
+/// A client that opens a new connection per request. Routers that leave Nagle on
+/// (the SGLang router 0.3.2) stall each response after the first on a kept-alive
+/// connection until the client's delayed ACK (about 40 ms); a fresh connection has no
+/// such stall, so a comparison of routers measures routing.
+pub fn client_per_request() -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(REQUEST_TIMEOUT)
+        .tcp_nodelay(true)
+        .build()?)
+}
+
 /// What one request measured.
 #[derive(Debug, Clone, Default)]
 pub struct Outcome {

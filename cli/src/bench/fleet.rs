@@ -104,6 +104,8 @@ fn worker_config(spec: &SimSpec, index: usize) -> Result<WorkerConfig> {
         faults: FaultSettings::default(),
         startup_delay: Duration::ZERO,
         refuse_connections: false,
+        // vLLM's render endpoints, which vLLM's router asks every worker for.
+        enable_scale_out: true,
     })
 }
 

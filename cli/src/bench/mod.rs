@@ -16,8 +16,10 @@ pub mod s5;
 pub mod s6;
 pub mod s6_tiers;
 pub mod s7;
+pub mod s8;
 pub mod s9;
 pub mod stats;
+pub mod under_test;
 pub mod workload;
 
 use anyhow::{Context, Result, bail};
@@ -45,6 +47,9 @@ pub enum Scenario {
     S6,
     /// Operator scale (needs --kubeconfig of a kube-apiserver with the CRDs installed).
     S7,
+    /// Routing at the knee: S2's workload on a fleet run slower than real time, every
+    /// policy and every --router-cmd up to and past saturation; TTFT and goodput.
+    S8,
     /// The NATS request plane against HTTP, and the stall at a mid-stream migration
     /// (needs --nats of a nats-server with JetStream).
     S9,
@@ -67,6 +72,10 @@ pub struct BenchArgs {
     /// Only these policies (comma-separated), where the scenario compares policies.
     #[arg(long, value_delimiter = ',')]
     pub policies: Vec<String>,
+    /// Only these arrival rates (comma-separated, H200-equivalent req/s), in place of
+    /// the size's ladder (S1, S2, S8, S9).
+    #[arg(long, value_delimiter = ',')]
+    pub rates: Vec<f64>,
     /// etcd client URL (S5 writes worker records there).
     #[arg(long, value_name = "URL")]
     pub etcd: Option<String>,
@@ -90,14 +99,20 @@ pub struct BenchArgs {
     /// The infera-operator binary (S7); default: next to this one.
     #[arg(long, value_name = "PATH")]
     pub operator_bin: Option<PathBuf>,
-    /// S2: run this router in place of Infera's gateway, on the same simulated fleet
-    /// (one run named `external`). `{port}` is replaced by the port to listen on,
-    /// `{metrics_port}` by another free port and `{workers}` by the simulators' URLs
-    /// (one argument each), e.g. "python -m sglang_router.launch_router --host
+    /// S1, S2, S3, S8: also measure this router on the same simulated fleet, as the
+    /// run `external:NAME` (repeat for several). `NAME=` is optional (default
+    /// `external`). In COMMAND, `{port}` is replaced by the port to listen on,
+    /// `{metrics_port}` by another free port and `{workers}` by the simulators' URLs (one
+    /// argument each), e.g. "sglang=python -m sglang_router.launch_router --host
     /// 127.0.0.1 --port {port} --prometheus-port {metrics_port} --worker-urls {workers}
-    /// --policy cache_aware".
-    #[arg(long, value_name = "COMMAND")]
-    pub router_cmd: Option<String>,
+    /// --policy cache_aware". S1, S2 and S3 then run only the peers and any --policies;
+    /// S8 runs them beside its own policies.
+    #[arg(long = "router-cmd", value_name = "[NAME=]COMMAND")]
+    pub router_cmd: Vec<String>,
+    /// Pin the router under test (Infera's gateway threads or a peer's process, via
+    /// `taskset`) to this core, and the driver and simulators to the other cores.
+    #[arg(long, value_name = "CORE")]
+    pub pin_router: Option<usize>,
 }
 
 /// What every scenario runner gets.
@@ -105,8 +120,10 @@ pub struct BenchArgs {
 pub struct Ctx {
     /// Seed.
     pub seed: u64,
-    /// An external router to measure instead of the gateway (S2).
-    pub router_cmd: Option<String>,
+    /// Peer routers to measure beside (or instead of) the gateway.
+    pub peers: Vec<under_test::PeerRouter>,
+    /// Where the router under test runs.
+    pub pin: Option<under_test::Pinning>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -129,6 +146,7 @@ fn scenario_file(s: Scenario) -> &'static str {
         Scenario::S5 => include_str!("../../../bench/scenarios/s5.yaml"),
         Scenario::S6 => include_str!("../../../bench/scenarios/s6.yaml"),
         Scenario::S7 => include_str!("../../../bench/scenarios/s7.yaml"),
+        Scenario::S8 => include_str!("../../../bench/scenarios/s8.yaml"),
         Scenario::S9 => include_str!("../../../bench/scenarios/s9.yaml"),
     }
 }
@@ -146,9 +164,19 @@ fn merge(into: &mut Value, more: Value) {
     }
 }
 
+/// `kv-aware-w<N>` and `kv-aware-approximate-w<N>`: (approximate, N).
+fn weighted(policy: &str) -> Option<(bool, f64)> {
+    let (approximate, w) = match policy.strip_prefix("kv-aware-approximate-w") {
+        Some(w) => (true, w),
+        None => (false, policy.strip_prefix("kv-aware-w")?),
+    };
+    w.parse::<f64>().ok().map(|w| (approximate, w))
+}
+
 /// Gateway flags, gateway count and whether simulators publish KV events, for a
 /// policy name: `random`, `round-robin`, `kv-aware`, `kv-aware-w<N>` (weight N),
-/// `kv-aware-approximate` (events ignored), `kv-aware-2-replicas`.
+/// `kv-aware-approximate` (events ignored), `kv-aware-approximate-w<N>`,
+/// `kv-aware-2-replicas`.
 pub fn policy_flags(policy: &str) -> Result<(Vec<String>, usize, bool)> {
     let mut flags: Vec<String> = vec!["--shutdown-grace-s".into(), "1".into()];
     let mut gateways = 1;
@@ -171,21 +199,21 @@ pub fn policy_flags(policy: &str) -> Result<(Vec<String>, usize, bool)> {
             gateways = 2;
             events = true;
         }
-        other => match other
-            .strip_prefix("kv-aware-w")
-            .and_then(|w| w.parse::<f64>().ok())
-        {
-            Some(w) => {
+        other => match weighted(other) {
+            Some((approximate, w)) => {
                 flags.extend([
                     "--router-policy".into(),
                     "kv-aware".into(),
                     "--kv-overlap-weight".into(),
                     w.to_string(),
                 ]);
-                events = true;
+                if approximate {
+                    flags.push("--kv-approximate".into());
+                }
+                events = !approximate;
             }
             None => bail!(
-                "unknown policy {other:?} (random, round-robin, kv-aware, kv-aware-w<N>, kv-aware-approximate, kv-aware-2-replicas)"
+                "unknown policy {other:?} (random, round-robin, kv-aware, kv-aware-w<N>, kv-aware-approximate, kv-aware-approximate-w<N>, kv-aware-2-replicas)"
             ),
         },
     }
@@ -429,7 +457,10 @@ fn rows(id: &str, result: &Value) -> (Vec<&'static str>, Vec<Vec<String>>) {
                 "oracle",
                 "hit/oracle",
                 "spread",
-                "gw CPU µs/req",
+                "goodput req/s",
+                "good",
+                "router CPU µs/req",
+                "driver CPU",
                 "errors",
             ],
             runs.iter()
@@ -444,7 +475,10 @@ fn rows(id: &str, result: &Value) -> (Vec<&'static str>, Vec<Vec<String>>) {
                         num(&r["oracle_hit_ratio"]),
                         num(&r["hit_vs_oracle"]),
                         num(&r["load_spread"]),
+                        num(&r["goodput_req_s"]),
+                        num(&r["good_share"]),
                         num(&r["gateway_cpu_us_per_request"]),
+                        num(&r["driver_cpu_share"]),
                         r["errors"].to_string(),
                     ]
                 })
@@ -555,6 +589,7 @@ fn plot(id: &str, title: &str, result: &Value) -> String {
     }
     let (key, y): (&str, fn(&Value) -> f64) = match id {
         "s1" | "s9" => ("stream", |r| r["added_p50_us"].as_f64().unwrap_or(0.0)),
+        "s8" => ("policy", |r| r["ttft_s"]["p90"].as_f64().unwrap_or(0.0)),
         _ => ("policy", |r| r["ttft_s"]["p50"].as_f64().unwrap_or(0.0)),
     };
     for r in runs.iter().filter(|r| r["part"] != "migration") {
@@ -581,6 +616,8 @@ fn plot(id: &str, title: &str, result: &Value) -> String {
     }
     let y_label = if id == "s1" || id == "s9" {
         "latency added by the gateway, p50 (µs)"
+    } else if id == "s8" {
+        "TTFT p90 (s, H200-equivalent)"
     } else {
         "TTFT p50 (s, H200-equivalent)"
     };
@@ -615,26 +652,41 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     let file: ScenarioFile =
         serde_saphyr::from_str(scenario_file(args.scenario)).context("scenario file")?;
     let size_name = if args.small { "small" } else { "full" };
-    let size = if args.small { &file.small } else { &file.full };
-    let policies = if args.policies.is_empty() {
+    let mut size = if args.small {
+        file.small.clone()
+    } else {
+        file.full.clone()
+    };
+    if !args.rates.is_empty() {
+        if size.get("rates").is_none() {
+            bail!("--rates: scenario {} has no arrival-rate ladder", file.id);
+        }
+        size["rates"] = json!(args.rates);
+    }
+    let size = &size;
+    let peers: Vec<under_test::PeerRouter> = args
+        .router_cmd
+        .iter()
+        .map(|c| under_test::PeerRouter::parse(c))
+        .collect();
+    let mut policies = if !args.policies.is_empty() {
+        args.policies.clone()
+    } else if peers.is_empty() || args.scenario == Scenario::S8 {
         file.policies.clone()
     } else {
-        args.policies.clone()
+        Vec::new()
     };
-    if matches!(args.scenario, Scenario::S2 | Scenario::S3) && args.router_cmd.is_none() {
+    if matches!(args.scenario, Scenario::S2 | Scenario::S3 | Scenario::S8) {
         for p in &policies {
             policy_flags(p)?;
         }
     }
+    policies.extend(peers.iter().map(under_test::PeerRouter::policy));
     raise_open_files_limit();
     let ctx = Ctx {
         seed: args.seed,
-        router_cmd: args.router_cmd.clone(),
-    };
-    let policies = if ctx.router_cmd.is_some() {
-        vec!["external".to_owned()]
-    } else {
-        policies
+        peers,
+        pin: args.pin_router.map(under_test::Pinning::on).transpose()?,
     };
     eprintln!(
         "infera bench {} ({}), {size_name} size: {size}",
@@ -647,6 +699,15 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         }
         Scenario::S2 => {
             s2::run(
+                &ctx,
+                &serde_json::from_value(size.clone())?,
+                &policies,
+                &file.profile,
+            )
+            .await?
+        }
+        Scenario::S8 => {
+            s8::run(
                 &ctx,
                 &serde_json::from_value(size.clone())?,
                 &policies,

@@ -3,10 +3,10 @@
 //! (its runtime's threads) and the latency it adds.
 
 use super::Ctx;
-use super::cpu::threads_cpu;
 use super::driver::open_loop;
 use super::fleet::{Fleet, MODEL, SimSpec};
 use super::stats::quantile;
+use super::under_test::UnderTest;
 use super::workload::{Rng, text};
 use anyhow::Result;
 use serde::Deserialize;
@@ -40,6 +40,29 @@ pub async fn run(ctx: &Ctx, size: &Size, profile: &str) -> Result<Value> {
         .map(String::from)
         .to_vec();
     let fleet = Fleet::start(&sims, 1, &flags).await?;
+    let mut routers = vec![(
+        "gateway".to_owned(),
+        UnderTest::start(
+            "round-robin",
+            &[],
+            &fleet,
+            ctx.pin.as_ref(),
+            "/v1/completions",
+        )
+        .await?,
+    )];
+    for peer in &ctx.peers {
+        let policy = peer.policy();
+        let router = UnderTest::start(
+            &policy,
+            &ctx.peers,
+            &fleet,
+            ctx.pin.as_ref(),
+            "/v1/completions",
+        )
+        .await?;
+        routers.push((policy, router));
+    }
     let client = super::driver::client()?;
     let mut rng = Rng::new(ctx.seed);
     let prompt = text(&mut rng, size.prompt_bytes);
@@ -49,48 +72,73 @@ pub async fn run(ctx: &Ctx, size: &Size, profile: &str) -> Result<Value> {
         for stream in [false, true] {
             let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": size.output_tokens, "stream": stream});
             let bodies = vec![body; n];
-            let mut lat = Vec::new();
-            let mut gw_cpu_us = 0.0;
-            let mut errors = 0;
-            let mut achieved = 0.0;
-            for (target, urls) in [
-                ("direct", fleet.sim_urls("/v1/completions")),
-                ("gateway", fleet.gateway_urls("/v1/completions")),
-            ] {
-                let before = threads_cpu("infera-gw");
-                let t0 = Instant::now();
-                let label = format!(
+            let label = |target: &str| {
+                format!(
                     "s1 {target} {} @ {rate}/s",
                     if stream { "stream" } else { "unary" }
-                );
-                let out = open_loop(&client, &urls, bodies.clone(), rate, ctx.seed, &label).await;
+                )
+            };
+            let direct = fleet.sim_urls("/v1/completions");
+            let out = open_loop(
+                &client,
+                &direct,
+                bodies.clone(),
+                rate,
+                ctx.seed,
+                &label("direct"),
+            )
+            .await;
+            let mut errors = out.iter().filter(|o| !o.ok).count();
+            let direct: Vec<f64> = out.iter().filter(|o| o.ok).map(|o| o.e2e).collect();
+            let mut through = Vec::new();
+            for (name, router) in &mut routers {
+                router.take_cpu();
+                let t0 = Instant::now();
+                let out = open_loop(
+                    &client,
+                    &router.urls,
+                    bodies.clone(),
+                    rate,
+                    ctx.seed,
+                    &label(name),
+                )
+                .await;
                 let wall = t0.elapsed().as_secs_f64();
-                errors += out.iter().filter(|o| !o.ok).count();
+                let cpu_us = router.take_cpu() * 1e6 / n.max(1) as f64;
+                let failed = out.iter().filter(|o| !o.ok).count();
                 let e2e: Vec<f64> = out.iter().filter(|o| o.ok).map(|o| o.e2e).collect();
-                lat.push(e2e);
-                if target == "gateway" {
-                    gw_cpu_us = threads_cpu("infera-gw")
-                        .saturating_sub(before)
-                        .as_secs_f64()
-                        * 1e6
-                        / n.max(1) as f64;
-                    achieved = n as f64 / wall;
+                through.push(json!({
+                    "router": name,
+                    "achieved_rate": n as f64 / wall,
+                    "errors": failed,
+                    "p50_ms": quantile(&e2e, 0.5) * 1e3,
+                    "p99_ms": quantile(&e2e, 0.99) * 1e3,
+                    "added_p50_us": (quantile(&e2e, 0.5) - quantile(&direct, 0.5)) * 1e6,
+                    "added_p99_us": (quantile(&e2e, 0.99) - quantile(&direct, 0.99)) * 1e6,
+                    "cpu_us_per_request": cpu_us,
+                }));
+                if name == "gateway" {
+                    errors += failed;
                 }
             }
-            let (direct, gw) = (&lat[0], &lat[1]);
+            let gw = &through[0];
             steps.push(json!({
                 "rate": rate,
                 "stream": stream,
                 "requests": n,
-                "achieved_rate": achieved,
+                "achieved_rate": gw["achieved_rate"],
                 "errors": errors,
-                "direct_ms": {"p50": quantile(direct, 0.5) * 1e3, "p99": quantile(direct, 0.99) * 1e3},
-                "gateway_ms": {"p50": quantile(gw, 0.5) * 1e3, "p99": quantile(gw, 0.99) * 1e3},
-                "added_p50_us": (quantile(gw, 0.5) - quantile(direct, 0.5)) * 1e6,
-                "added_p99_us": (quantile(gw, 0.99) - quantile(direct, 0.99)) * 1e6,
-                "gateway_cpu_us_per_request": gw_cpu_us,
+                "direct_ms": {"p50": quantile(&direct, 0.5) * 1e3, "p99": quantile(&direct, 0.99) * 1e3},
+                "gateway_ms": {"p50": gw["p50_ms"], "p99": gw["p99_ms"]},
+                "added_p50_us": gw["added_p50_us"],
+                "added_p99_us": gw["added_p99_us"],
+                "gateway_cpu_us_per_request": gw["cpu_us_per_request"],
+                "routers": through,
             }));
         }
+    }
+    for (_, router) in routers {
+        router.stop().await;
     }
     fleet.shutdown().await;
     let unary: Vec<f64> = steps
@@ -102,9 +150,36 @@ pub async fn run(ctx: &Ctx, size: &Size, profile: &str) -> Result<Value> {
         .iter()
         .filter_map(|s| s["added_p50_us"].as_f64())
         .collect();
+    let mut by_router = serde_json::Map::new();
+    let names: Vec<String> = steps
+        .first()
+        .and_then(|s| s["routers"].as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["router"].as_str().map(str::to_owned))
+        .collect();
+    for name in names {
+        let of = |key: &str, stream: bool| {
+            let v: Vec<f64> = steps
+                .iter()
+                .filter(|s| s["stream"] == stream)
+                .flat_map(|s| s["routers"].as_array().into_iter().flatten())
+                .filter(|r| r["router"] == name.as_str())
+                .filter_map(|r| r[key].as_f64())
+                .collect();
+            quantile(&v, 0.5)
+        };
+        by_router.insert(
+            name.clone(),
+            json!({"cpu_us_per_unary_request_median": of("cpu_us_per_request", false),
+                   "added_p50_us_unary_median": of("added_p50_us", false),
+                   "added_p50_us_stream_median": of("added_p50_us", true)}),
+        );
+    }
     Ok(json!({
         "runs": steps,
         "verdicts": {
+            "routers": by_router,
             "gateway_cpu_us_per_unary_request_median": quantile(&unary, 0.5),
             "added_p50_us_median": quantile(&added, 0.5),
             "targets": {"cpu_us_per_request": "<= 100", "added_p50_us": "<= 50", "added_p99_us": "<= 1000"},

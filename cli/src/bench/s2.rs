@@ -1,13 +1,13 @@
 //! S2 shared-prefix routing: every policy on a fresh fleet at each arrival rate; TTFT,
 //! throughput, cluster hit ratio against the oracle, load spread.
 
+use super::Ctx;
 use super::cpu::threads_cpu;
-use super::driver::open_loop;
-use super::external::External;
+use super::driver::{Outcome, open_loop};
 use super::fleet::{Fleet, MODEL, SimSpec};
 use super::stats::{quantile, spread, summary};
+use super::under_test::{UnderTest, fleet_setup};
 use super::workload::{oracle_hit_ratio, shared_prefix};
-use super::{Ctx, policy_flags};
 use anyhow::Result;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -23,12 +23,53 @@ pub struct Size {
     system_tokens: usize,
     question_tokens: usize,
     output_tokens: usize,
-    rates: Vec<f64>,
+    /// Arrival rates (H200-equivalent req/s).
+    pub rates: Vec<f64>,
     speedup: f64,
+    /// Goodput counts requests with TTFT at most this (H200-equivalent s)...
+    #[serde(default = "default_ttft_slo")]
+    pub ttft_slo_s: f64,
+    /// ...and a mean gap between tokens at most this.
+    #[serde(default = "default_itl_slo")]
+    pub itl_slo_s: f64,
+}
+
+fn default_ttft_slo() -> f64 {
+    2.0
+}
+
+fn default_itl_slo() -> f64 {
+    0.05
+}
+
+/// Whether a request met the latency targets (times measured at `speedup`).
+fn good(o: &Outcome, size: &Size) -> bool {
+    let mean_itl = if o.itls.is_empty() {
+        0.0
+    } else {
+        o.itls.iter().sum::<f64>() / o.itls.len() as f64
+    };
+    o.ok && o.ttft.is_some_and(|t| t * size.speedup <= size.ttft_slo_s)
+        && mean_itl * size.speedup <= size.itl_slo_s
 }
 
 /// Runs S2.
 pub async fn run(ctx: &Ctx, size: &Size, policies: &[String], profile: &str) -> Result<Value> {
+    let client = super::driver::client()?;
+    let runs = ladder("s2", &client, ctx, size, policies, profile).await?;
+    Ok(json!({"verdicts": verdicts(&runs), "runs": runs}))
+}
+
+/// Runs every policy at every rate of `size` on a fresh fleet each (S2, and S8's
+/// ladder); one JSON row per run.
+pub async fn ladder(
+    scenario: &str,
+    client: &reqwest::Client,
+    ctx: &Ctx,
+    size: &Size,
+    policies: &[String],
+    profile: &str,
+) -> Result<Vec<Value>> {
     let requests = shared_prefix(
         ctx.seed,
         size.groups,
@@ -45,16 +86,10 @@ pub async fn run(ctx: &Ctx, size: &Size, policies: &[String], profile: &str) -> 
                         "stream": true, "stream_options": {"include_usage": true}})
         })
         .collect();
-    let client = super::driver::client()?;
     let mut runs = Vec::new();
     for &rate in &size.rates {
         for policy in policies {
-            let external = policy == "external";
-            let (flags, gateways, kv_events) = if external {
-                (Vec::new(), 0, false)
-            } else {
-                policy_flags(policy)?
-            };
+            let (flags, gateways, kv_events) = fleet_setup(policy)?;
             let sims: Vec<SimSpec> = (0..size.workers)
                 .map(|_| SimSpec {
                     kv_blocks: size.kv_tokens_per_worker / 16,
@@ -66,24 +101,24 @@ pub async fn run(ctx: &Ctx, size: &Size, policies: &[String], profile: &str) -> 
                 })
                 .collect();
             let fleet = Fleet::start(&sims, gateways, &flags).await?;
-            let router = match (&ctx.router_cmd, external) {
-                (Some(cmd), true) => Some(External::start(cmd, &fleet.sim_urls(""), MODEL).await?),
-                _ => None,
-            };
-            let urls = match &router {
-                Some(r) => vec![format!("{}/v1/completions", r.base)],
-                None => fleet.gateway_urls("/v1/completions"),
-            };
-            let router_cpu0 = router.as_ref().map(External::cpu);
-            let (gw0, sim0, t0) = (
-                threads_cpu("infera-gw"),
+            let mut router = UnderTest::start(
+                policy,
+                &ctx.peers,
+                &fleet,
+                ctx.pin.as_ref(),
+                "/v1/completions",
+            )
+            .await?;
+            router.take_cpu();
+            let (drv0, sim0, t0) = (
+                threads_cpu("infera-drv"),
                 threads_cpu("infera-sim"),
                 Instant::now(),
             );
-            let label = format!("s2 {policy} @ {rate}/s");
+            let label = format!("{scenario} {policy} @ {rate}/s");
             let outcomes = open_loop(
-                &client,
-                &urls,
+                client,
+                &router.urls,
                 bodies.clone(),
                 rate * size.speedup,
                 ctx.seed,
@@ -91,17 +126,16 @@ pub async fn run(ctx: &Ctx, size: &Size, policies: &[String], profile: &str) -> 
             )
             .await;
             let wall = t0.elapsed().as_secs_f64();
-            let gw_cpu = match (&router, router_cpu0) {
-                (Some(r), Some(c0)) => r.cpu().saturating_sub(c0).as_secs_f64(),
-                _ => threads_cpu("infera-gw").saturating_sub(gw0).as_secs_f64(),
-            };
-            if let Some(r) = router {
-                r.stop().await;
-            }
+            let router_cpu = router.take_cpu();
+            router.stop().await;
             let sim_cpu = threads_cpu("infera-sim").saturating_sub(sim0).as_secs_f64();
+            let driver_cpu = threads_cpu("infera-drv").saturating_sub(drv0).as_secs_f64();
             let served: Vec<f64> = fleet.served().into_iter().map(|n| n as f64).collect();
             fleet.shutdown().await;
             let ok: Vec<_> = outcomes.iter().filter(|o| o.ok).collect();
+            // Goodput: the arrival rate times the share of requests that met the targets.
+            let good_share = outcomes.iter().filter(|o| good(o, size)).count() as f64
+                / outcomes.len().max(1) as f64;
             let ttft: Vec<f64> = ok.iter().filter_map(|o| o.ttft).collect();
             let itl: Vec<f64> = ok.iter().flat_map(|o| o.itls.iter().copied()).collect();
             let prompt: u64 = ok.iter().map(|o| o.prompt_tokens).sum();
@@ -125,13 +159,17 @@ pub async fn run(ctx: &Ctx, size: &Size, policies: &[String], profile: &str) -> 
                 "hit_vs_oracle": if oracle > 0.0 { hit / oracle } else { 0.0 },
                 "load_spread": spread(&served),
                 "requests_per_worker": served,
-                "gateway_cpu_us_per_request": gw_cpu * 1e6 / outcomes.len().max(1) as f64,
+                "gateway_cpu_us_per_request": router_cpu * 1e6 / outcomes.len().max(1) as f64,
+                "router_cpu_share": router_cpu / wall,
+                "goodput_req_s": rate * good_share,
+                "good_share": good_share,
+                "driver_cpu_share": driver_cpu / wall,
                 "sim_cpu_s": sim_cpu,
                 "wall_s": wall,
             }));
         }
     }
-    Ok(json!({"runs": runs, "verdicts": verdicts(&runs)}))
+    Ok(runs)
 }
 
 /// The targets of BENCHMARKS.md, judged on these runs.

@@ -2,12 +2,12 @@
 //! prompt is the whole history plus a new message, with think time between turns; the
 //! cluster's KV holds a fraction of the sessions' working set.
 
-use super::cpu::threads_cpu;
+use super::Ctx;
 use super::driver::send;
 use super::fleet::{Fleet, MODEL, SimSpec};
 use super::stats::quantile;
+use super::under_test::{UnderTest, fleet_setup};
 use super::workload::{Rng, text};
-use super::{Ctx, policy_flags};
 use anyhow::Result;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -53,7 +53,7 @@ pub async fn run(ctx: &Ctx, size: &Size, policies: &[String], profile: &str) -> 
     let mut runs = Vec::new();
     for &fraction in &size.kv_fractions {
         for policy in policies {
-            let (flags, gateways, kv_events) = policy_flags(policy)?;
+            let (flags, gateways, kv_events) = fleet_setup(policy)?;
             let kv_blocks =
                 ((working_set as f64 * fraction) / size.workers as f64 / 16.0).ceil() as usize;
             let sims = vec![
@@ -68,8 +68,16 @@ pub async fn run(ctx: &Ctx, size: &Size, policies: &[String], profile: &str) -> 
                 size.workers
             ];
             let fleet = Fleet::start(&sims, gateways, &flags).await?;
-            let urls = fleet.gateway_urls("/v1/completions");
-            let gw0 = threads_cpu("infera-gw");
+            let mut router = UnderTest::start(
+                policy,
+                &ctx.peers,
+                &fleet,
+                ctx.pin.as_ref(),
+                "/v1/completions",
+            )
+            .await?;
+            router.take_cpu();
+            let urls = router.urls.clone();
             let client = super::driver::client()?;
             let mut users = tokio::task::JoinSet::new();
             for u in 0..size.users {
@@ -105,7 +113,8 @@ pub async fn run(ctx: &Ctx, size: &Size, policies: &[String], profile: &str) -> 
                     }
                 }
             }
-            let gw_cpu = threads_cpu("infera-gw").saturating_sub(gw0).as_secs_f64();
+            let gw_cpu = router.take_cpu();
+            router.stop().await;
             let ev = evictions(&fleet).await;
             fleet.shutdown().await;
             let errors: usize = by_turn.iter().flatten().filter(|o| !o.ok).count();

@@ -58,6 +58,7 @@ pub async fn start_sim_with(
         faults: FaultSettings::default(),
         startup_delay: Duration::ZERO,
         refuse_connections: false,
+        enable_scale_out: false,
     };
     let mut cfg = cfg;
     adjust(&mut cfg);

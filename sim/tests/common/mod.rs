@@ -37,6 +37,7 @@ pub fn mk_config(engine: EngineKind) -> WorkerConfig {
         faults: FaultSettings::default(),
         startup_delay: Duration::ZERO,
         refuse_connections: false,
+        enable_scale_out: false,
     }
 }
 
