@@ -22,8 +22,11 @@
 use crate::prefix_index::TargetView;
 use std::collections::HashMap;
 
-/// What one in-flight request adds to its worker's load, in blocks.
-pub const REQUEST_COST: f64 = 4.0;
+/// What one in-flight request adds to its worker's load, in blocks: about the prefill of
+/// 128 tokens, so a couple of cached blocks (a chat template's shared header) do not hold
+/// a busy worker against an idle one, while a long cached prefix does until its holder
+/// has many requests in flight.
+pub const REQUEST_COST: f64 = 8.0;
 
 /// A scored choice.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -180,17 +183,17 @@ mod tests {
     #[test]
     fn prefers_the_holder_until_its_queue_outweighs_the_hits() {
         let mut s = LoadState::default();
-        // 10 blocks; a holds 8 of them.
-        let c = s.choose(&[("a", 8), ("b", 0)], 10, 1.0).unwrap();
-        assert_eq!((c.index, c.hits), (0, 8));
-        // 9 blocks of prefill queued on a: 9 + 4 (one request) + 2 > 10.
-        s.charge("a", &blocks(100..109), 9);
-        assert_eq!(s.choose(&[("a", 8), ("b", 0)], 10, 1.0).unwrap().index, 1);
-        // A heavier weight brings it back.
-        assert_eq!(s.choose(&[("a", 8), ("b", 0)], 10, 2.0).unwrap().index, 0);
-        // Once that request's prefill is done only its seat counts: 4 + 2 < 10.
-        s.prefilled("a", 9);
-        assert_eq!(s.choose(&[("a", 8), ("b", 0)], 10, 1.0).unwrap().index, 0);
+        // 40 blocks; a holds 32 of them.
+        let c = s.choose(&[("a", 32), ("b", 0)], 40, 1.0).unwrap();
+        assert_eq!((c.index, c.hits), (0, 32));
+        // 30 blocks of prefill queued on a: 30 + 8 (one request) + 8 > 40.
+        s.charge("a", &blocks(100..130), 30);
+        assert_eq!(s.choose(&[("a", 32), ("b", 0)], 40, 1.0).unwrap().index, 1);
+        // A heavier weight brings it back: 16 + 38 < 80.
+        assert_eq!(s.choose(&[("a", 32), ("b", 0)], 40, 2.0).unwrap().index, 0);
+        // Once that request's prefill is done only its seat counts: 8 + 8 < 40.
+        s.prefilled("a", 30);
+        assert_eq!(s.choose(&[("a", 32), ("b", 0)], 40, 1.0).unwrap().index, 0);
     }
 
     #[test]
@@ -204,7 +207,7 @@ mod tests {
         assert_eq!(s.hits("a", None, &second), 60);
         assert_eq!(s.hits("b", None, &second), 0);
         let a = s.hits("a", None, &second);
-        // Queued 64 + one seat 4 + missing 4 = 72 < 64 on the empty b: b wins at weight 1
+        // Queued 64 + one seat 8 + missing 4 = 76 > 64 on the empty b: b wins at weight 1
         // while a's prefill is queued...
         assert_eq!(s.choose(&[("a", a), ("b", 0)], 64, 1.0).unwrap().index, 1);
         // ...and a wins once it is computing tokens (the prefix is computed there).
@@ -214,6 +217,18 @@ mod tests {
         s.release("a", &prompt, 0);
         assert_eq!(s.hits("a", None, &second), 0);
         assert_eq!(s.load("a"), 0.0);
+    }
+
+    #[test]
+    fn a_short_shared_header_does_not_hold_a_busy_worker() {
+        // Short chats: 3 blocks, the first 2 the template's header, cached on a, which
+        // has a request in flight; b just joined (nothing cached, idle).
+        let mut s = LoadState::default();
+        s.charge("a", &[1, 2, 7], 0);
+        s.prefilled("a", 0);
+        let c = s.choose(&[("a", 2), ("b", 0)], 3, 4.0).unwrap();
+        // 4 x 1 + 8 = 4 x 3: equal cost, and b's load is lower.
+        assert_eq!(c.index, 1);
     }
 
     #[test]
