@@ -109,7 +109,6 @@ pub async fn ladder(
                 "/v1/completions",
             )
             .await?;
-            router.take_cpu();
             let (drv0, sim0, t0) = (
                 threads_cpu("infera-drv"),
                 threads_cpu("infera-sim"),

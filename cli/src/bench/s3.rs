@@ -76,7 +76,6 @@ pub async fn run(ctx: &Ctx, size: &Size, policies: &[String], profile: &str) -> 
                 "/v1/completions",
             )
             .await?;
-            router.take_cpu();
             let urls = router.urls.clone();
             let client = super::driver::client()?;
             let mut users = tokio::task::JoinSet::new();
