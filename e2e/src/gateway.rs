@@ -99,7 +99,20 @@ impl Gateway {
 
     /// `POST path` with `body`: status and body text, nothing else read.
     pub async fn send(&self, path: &str, body: &Value) -> Result<(u16, String), E2eError> {
-        let resp = self
+        self.send_timed(path, body)
+            .await
+            .map(|(status, text, _)| (status, text))
+    }
+
+    /// As [`Gateway::send`], with the time from sending until the first byte of the body
+    /// (for a stream, its first token).
+    pub async fn send_timed(
+        &self,
+        path: &str,
+        body: &Value,
+    ) -> Result<(u16, String, Duration), E2eError> {
+        let started = std::time::Instant::now();
+        let mut resp = self
             .http
             .post(format!("{}{path}", self.base))
             .json(body)
@@ -107,11 +120,18 @@ impl Gateway {
             .await
             .map_err(|e| E2eError::Http(format!("POST {path}: {e}")))?;
         let status = resp.status().as_u16();
-        let text = resp
-            .text()
+        let mut bytes = Vec::new();
+        let mut first = None;
+        while let Some(chunk) = resp
+            .chunk()
             .await
-            .map_err(|e| E2eError::Http(format!("reading {path}: {e}")))?;
-        Ok((status, text))
+            .map_err(|e| E2eError::Http(format!("reading {path}: {e}")))?
+        {
+            first.get_or_insert_with(|| started.elapsed());
+            bytes.extend_from_slice(&chunk);
+        }
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        Ok((status, text, first.unwrap_or_else(|| started.elapsed())))
     }
 
     /// `POST path` with `body`, JSON or SSE (`"stream": true`), and which worker served it.

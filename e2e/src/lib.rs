@@ -34,6 +34,8 @@ pub const STATUS_WRITERS: &[&str] = &[
     "kubelet",
     "kube-scheduler",
     "infera-operator",
+    // The operator's autoscaler: status.autoscaling of InferaDeployments only.
+    "infera-autoscaler",
 ];
 
 /// Why an end-to-end step failed.

@@ -21,6 +21,8 @@ pub struct LoadReport {
     pub slowest: Duration,
     /// How long the load ran.
     pub duration: Duration,
+    /// Time to first token of each streamed request answered in full.
+    pub ttft: Vec<Duration>,
 }
 
 /// A running load; [`Load::stop`] ends it and returns the report.
@@ -33,13 +35,30 @@ pub struct Load {
 impl Load {
     /// Starts `clients` clients sending chat completions for `model` with `max_tokens`.
     pub fn start(gateway: &Gateway, model: &str, clients: usize, max_tokens: u32) -> Self {
+        Self::with_prompt(gateway, model, clients, max_tokens, 0)
+    }
+
+    /// As [`Load::start`], each prompt padded to about `prompt_chars` characters (a
+    /// prefill-heavy load; the simulator's byte codec makes a character a token).
+    pub fn with_prompt(
+        gateway: &Gateway,
+        model: &str,
+        clients: usize,
+        max_tokens: u32,
+        prompt_chars: usize,
+    ) -> Self {
         let (stop, stopped) = watch::channel(false);
         let mut set = JoinSet::new();
         for client in 0..clients {
             let gateway = gateway.clone();
             let model = model.to_owned();
             let stopped = stopped.clone();
-            set.spawn(async move { run_client(gateway, model, client, max_tokens, stopped).await });
+            let ask = Ask {
+                client,
+                max_tokens,
+                prompt_chars,
+            };
+            set.spawn(async move { run_client(gateway, model, ask, stopped).await });
         }
         Self {
             stop,
@@ -61,6 +80,7 @@ impl Load {
                     total.ok += report.ok;
                     total.failed.extend(report.failed);
                     total.slowest = total.slowest.max(report.slowest);
+                    total.ttft.extend(report.ttft);
                 }
                 Err(e) => total.failed.push(format!("a load client panicked: {e}")),
             }
@@ -69,13 +89,36 @@ impl Load {
     }
 }
 
+/// What one client asks.
+struct Ask {
+    client: usize,
+    max_tokens: u32,
+    prompt_chars: usize,
+}
+
+impl Ask {
+    /// Request `n`'s prompt: distinct from every other, padded to the size asked for.
+    fn prompt(&self, n: u64) -> String {
+        let head = format!("client {} request {n}", self.client);
+        let pad = self.prompt_chars.saturating_sub(head.len());
+        let filler: String = "lorem ipsum dolor sit amet "
+            .chars()
+            .cycle()
+            .take(pad)
+            .collect();
+        format!("{head} {filler}")
+    }
+}
+
 async fn run_client(
     gateway: Gateway,
     model: String,
-    client: usize,
-    max_tokens: u32,
+    ask: Ask,
     stopped: watch::Receiver<bool>,
 ) -> LoadReport {
+    let Ask {
+        client, max_tokens, ..
+    } = ask;
     let mut report = LoadReport::default();
     let mut n: u64 = 0;
     while !*stopped.borrow() {
@@ -83,17 +126,22 @@ async fn run_client(
         let stream = n.is_multiple_of(2);
         let body = json!({
             "model": model, "max_tokens": max_tokens, "stream": stream,
-            "messages": [{"role": "user", "content": format!("client {client} request {n}")}],
+            "messages": [{"role": "user", "content": ask.prompt(n)}],
         });
         let started = Instant::now();
-        let outcome = gateway.send("/v1/chat/completions", &body).await;
+        let outcome = gateway.send_timed("/v1/chat/completions", &body).await;
         report.slowest = report.slowest.max(started.elapsed());
         match outcome {
-            Ok((200, text)) => match judge(&text, stream) {
-                Ok(()) => report.ok += 1,
+            Ok((200, text, first)) => match judge(&text, stream) {
+                Ok(()) => {
+                    report.ok += 1;
+                    if stream {
+                        report.ttft.push(first);
+                    }
+                }
                 Err(why) => report.failed.push(format!("client {client} #{n}: {why}")),
             },
-            Ok((status, text)) => report
+            Ok((status, text, _)) => report
                 .failed
                 .push(format!("client {client} #{n}: {status} {text}")),
             Err(e) => report.failed.push(format!("client {client} #{n}: {e}")),

@@ -267,13 +267,13 @@ impl Metrics {
         register(
             r,
             "infera_gateway_ttft_seconds",
-            "Time from request to the first response byte from the worker.",
+            "Time from request to the first streamed byte from the worker (streamed answers only).",
             self.ttft.clone(),
         );
         register(
             r,
             "infera_gateway_itl_seconds",
-            "Time between streamed writes.",
+            "Time between streamed writes (streamed answers only).",
             self.itl.clone(),
         );
         register_counter(

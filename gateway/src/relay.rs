@@ -357,14 +357,18 @@ pub fn relay_body(
                         None => {
                             tracing::debug!(target: SPAN_EVENTS, parent: &st.guard.span, "first byte");
                             st.guard.kv_charges.iter_mut().for_each(KvCharge::prefilled);
-                            st.guard
-                                .metrics
-                                .observe_ttft(now.duration_since(st.guard.started).as_secs_f64())
+                            // A JSON answer's first byte comes with its last token.
+                            if st.sse {
+                                st.guard.metrics.observe_ttft(
+                                    now.duration_since(st.guard.started).as_secs_f64(),
+                                );
+                            }
                         }
-                        Some(prev) => st
+                        Some(prev) if st.sse => st
                             .guard
                             .metrics
                             .observe_itl(now.duration_since(prev).as_secs_f64()),
+                        Some(_) => {}
                     }
                     st.last = Some(now);
                     let out = match st.migration.as_mut() {

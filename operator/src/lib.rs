@@ -2,9 +2,11 @@
 //! `PDTopology`) that platform teams write and the operator, `infera up` and the chart
 //! all read; [`plan`] validates a deployment into the plan its children are built from
 //! and [`render`] builds them (both pure); [`reconcile`] observes, applies, prunes and
-//! writes status; [`leader`] elects one active replica.
+//! writes status; [`autoscale`] sizes the workers of deployments with
+//! `spec.autoscaling`; [`leader`] elects one active replica.
 
 pub mod api;
+pub mod autoscale;
 pub mod leader;
 pub mod metrics;
 pub mod plan;

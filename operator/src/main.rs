@@ -252,6 +252,7 @@ async fn run(cli: Cli) -> i32 {
             nats_url: cli.default_nats_url.clone(),
             etcd_client_secret: cli.default_etcd_client_secret.clone(),
             nvme_host_paths: cli.kv_cache_nvme_host_paths.clone(),
+            operator_namespace: std::env::var("POD_NAMESPACE").ok(),
         },
         namespace: cli.namespace.clone(),
         concurrency: cli.concurrency.max(1),

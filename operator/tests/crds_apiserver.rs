@@ -137,6 +137,13 @@ async fn every_example_applies_and_scale_and_explain_work() {
             "spec.network.rdma.hostDevices",
             "no RDMA resource is requested",
         ),
+        ("spec.autoscaling", "the operator stands down"),
+        (
+            "spec.autoscaling.targets.ttftP90Seconds",
+            "or for decode when only decode has a queue",
+        ),
+        ("spec.serving.roleReplicas", "written by the autoscaler"),
+        ("status.autoscaling.nextScaleInTime", "may leave"),
     ] {
         let path = format!("inferadeployment.{field}");
         let (ok, text, err) = kubectl(&kubeconfig, &["explain", &path], None);
@@ -145,6 +152,21 @@ async fn every_example_applies_and_scale_and_explain_work() {
         let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
         assert!(flat.contains(says), "{path} does not say {says:?}: {text}");
     }
+    // The HorizontalPodAutoscaler documented against /scale is valid as written.
+    let hpa = support::repo().join("examples/autoscaling/hpa.yaml");
+    let (ok, out, err) = kubectl(
+        &kubeconfig,
+        &[
+            "apply",
+            "-n",
+            &ns,
+            "--dry-run=server",
+            "-f",
+            hpa.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(ok && out.contains("horizontalpodautoscaler"), "{out}{err}");
     drop_namespace(&client, &ns).await;
 }
 
@@ -263,6 +285,27 @@ async fn invalid_manifests_are_rejected_with_a_message_naming_the_field() {
                 &["engine: {kind: sim, parallelism: {nodesPerWorker: 2}}"],
             ),
             "spec.engine.parallelism.nodesPerWorker must be 1 for kind: sim",
+        ),
+        (
+            "an autoscaling minimum over its maximum",
+            with_spec(
+                BASE,
+                &["autoscaling: {minReplicas: 4, maxReplicas: 2, targets: {ttftP90Seconds: 0.5}}"],
+            ),
+            "spec.autoscaling.minReplicas must not exceed maxReplicas",
+        ),
+        (
+            "autoscaling without a target",
+            with_spec(BASE, &["autoscaling: {maxReplicas: 2, targets: {}}"]),
+            "spec.autoscaling.targets: give at least one of ttftP90Seconds",
+        ),
+        (
+            "a KV-usage target over 1",
+            with_spec(
+                BASE,
+                &["autoscaling: {maxReplicas: 2, targets: {kvUsage: 1.5}}"],
+            ),
+            "spec.autoscaling.targets.kvUsage in body should be less than or equal to 1",
         ),
         (
             "negative replicas",

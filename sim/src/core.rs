@@ -80,6 +80,9 @@ pub struct StepResult {
     pub decode_seqs: usize,
     /// Requests dropped because they can never fit in the KV cache.
     pub rejected: Vec<u64>,
+    /// Requests running in the step and waiting during it, as scheduled (before the
+    /// step's finished requests leave): what an engine's gauges show while it runs.
+    pub scheduled: (usize, usize),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -396,6 +399,7 @@ impl EngineCore {
             .filter_map(|(id, n)| self.reqs.get(id).map(|r| (*n, r.computed)))
             .collect();
         result.duration_ms = self.cfg.profile.step_ms(&contexts, &chunk_costs);
+        result.scheduled = (self.running.len(), self.waiting.len());
         result.prefill_tokens = chunks.iter().map(|(_, n)| n).sum();
         result.decode_seqs = decodes.len();
         for (id, n) in chunks {

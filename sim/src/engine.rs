@@ -187,6 +187,16 @@ async fn run_engine(
         let now = sim_now();
         match core.step(now) {
             Some(step) => {
+                // What the step runs and what still waits, as an engine reports it at
+                // schedule time (a one-step prefill is running while it lasts).
+                if let Ok(mut stats) = counters.stats.lock() {
+                    let (running, waiting) = step.scheduled;
+                    *stats = CoreStats {
+                        running,
+                        waiting,
+                        ..core.stats()
+                    };
+                }
                 let ms = step.duration_ms * jitter.next_factor();
                 let real = Duration::from_secs_f64(ms / 1000.0 / speedup);
                 // Steps end at absolute deadlines: tokio's timer has millisecond

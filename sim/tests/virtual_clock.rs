@@ -7,11 +7,15 @@ use infera_sim::kv_cache::PoolEvent;
 use infera_sim::profile::LatencyProfile;
 
 fn mk_core(kv_blocks: usize) -> EngineCore {
+    mk_core_seats(kv_blocks, 256)
+}
+
+fn mk_core_seats(kv_blocks: usize, max_num_seqs: usize) -> EngineCore {
     EngineCore::new(CoreConfig {
         block_size: 16,
         kv_blocks,
         max_num_batched_tokens: 8192,
-        max_num_seqs: 256,
+        max_num_seqs,
         profile: LatencyProfile::builtin("h200-llama-3.1-8b").unwrap(),
         kv_transfer_gbytes_per_s: 170.0,
     })
@@ -181,4 +185,18 @@ fn a_request_larger_than_the_cache_is_rejected_not_stuck() {
     assert!(tl[&1].token_ms.is_empty());
     assert_eq!(steps.last().unwrap().rejected, vec![1]);
     assert!(core.is_empty());
+}
+
+#[test]
+fn a_step_reports_what_it_runs_and_what_waits_before_its_requests_finish() {
+    let mut core = mk_core_seats(4096, 1);
+    // Two one-token prefills: the first runs (and finishes) in one step, the second
+    // waits for the seat.
+    core.add(mk_req(1, tokens(0..2000), 1), 0.0);
+    core.add(mk_req(2, tokens(5000..7000), 1), 0.0);
+    let step = core.step(0.0).unwrap();
+    assert_eq!(step.scheduled, (1, 1));
+    // Once applied, the finished request is gone from the core's own counts.
+    assert_eq!(core.stats().running, 0);
+    assert_eq!(core.stats().waiting, 1);
 }

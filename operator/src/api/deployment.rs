@@ -1,6 +1,7 @@
 //! `InferaDeployment`: one served model, its engine workers (mixed, or prefill/decode
 //! units shaped by a `PDTopology`) and its gateways.
 
+use super::autoscaling::{AutoscalingSpec, AutoscalingStatus, RoleReplicas};
 use super::common::{EngineKind, Parallelism, RetentionClass, SecretKeyRef, SimFlavor, one};
 use k8s_openapi::api::core::v1::{
     Affinity, EnvVar, ResourceRequirements, Toleration, TopologySpreadConstraint,
@@ -73,6 +74,10 @@ pub struct InferaDeploymentSpec {
     /// Where engine pods run.
     #[serde(default)]
     pub scheduling: SchedulingSpec,
+    /// Size the workers on latency targets (the operator's autoscaler); unset: the
+    /// workers are what `replicas` says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<AutoscalingSpec>,
 }
 
 fn one_i32() -> i32 {
@@ -340,6 +345,12 @@ pub struct ServingSpec {
         length(max = 253)
     )]
     pub topology_ref: Option<String>,
+    /// Workers per role, written by the autoscaler (`spec.autoscaling`) in place of the
+    /// topology's ratio times `replicas`; ignored without `spec.autoscaling` and in mixed
+    /// mode. While set, `kubectl scale` does not change the workers, and `/scale`
+    /// reports the complete topology units they make.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role_replicas: Option<RoleReplicas>,
 }
 
 /// Node networking.
@@ -893,6 +904,9 @@ pub struct InferaDeploymentStatus {
     /// Where clients reach the gateway, `http://service.namespace:port`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway_endpoint: Option<String>,
+    /// The autoscaler's last look (with `spec.autoscaling`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<AutoscalingStatus>,
 }
 
 /// One role's workers.

@@ -4,12 +4,14 @@
 //! formats, CEL rules across fields) is in the schema, and what needs more than one
 //! object (a topology's transport against a deployment's engine) is in [`resolve`].
 
+pub mod autoscaling;
 pub mod common;
 pub mod crd;
 pub mod deployment;
 pub mod resolve;
 pub mod topology;
 
+pub use autoscaling::*;
 pub use common::*;
 pub use deployment::*;
 pub use topology::*;

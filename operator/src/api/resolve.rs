@@ -154,9 +154,13 @@ pub fn resolve_workers(
             check_parallelism("prefill.parallelism", &topo.prefill.parallelism)?;
             check_parallelism("decode.parallelism", &topo.decode.parallelism)?;
             let (p, d) = unit_size(topo);
+            let (prefill, decode) = match spec.serving.role_replicas {
+                Some(r) if spec.autoscaling.is_some() => (r.prefill, r.decode),
+                _ => (p * replicas, d * replicas),
+            };
             Ok(Workers::Disaggregated {
-                prefill: p * replicas,
-                decode: d * replicas,
+                prefill,
+                decode,
                 protocol,
             })
         }

@@ -50,6 +50,8 @@ pub struct Plan {
     pub etcd_client_copy: Option<EtcdClientTls>,
     /// The model is in place: workers run (else they wait at zero replicas).
     pub model_ready: bool,
+    /// Autoscaled: the namespace of the operator, whose pods scrape the engines.
+    pub autoscaler_namespace: Option<String>,
 }
 
 /// The deployment, as the owner of its children.

@@ -50,6 +50,9 @@ pub struct Platform {
     /// Node directories under which a deployment's `kvCache.nvme.path` may lie
     /// (`--kv-cache-nvme-host-paths`): kvd runs as root in it.
     pub nvme_host_paths: Vec<String>,
+    /// The operator's own namespace (`POD_NAMESPACE`): engine pods of autoscaled
+    /// deployments admit its pods to their `/metrics`.
+    pub operator_namespace: Option<String>,
 }
 
 /// Where NVMe tiers may lie unless the operator is told otherwise.
@@ -64,6 +67,7 @@ impl Platform {
             nats_url: None,
             etcd_client_secret: None,
             nvme_host_paths: DEFAULT_NVME_HOST_PATHS.map(String::from).to_vec(),
+            operator_namespace: None,
         }
     }
 

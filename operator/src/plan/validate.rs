@@ -166,6 +166,10 @@ pub fn validate(
         request_plane: spec.messaging.request_plane_flags(),
         etcd_client_copy,
         model_ready: observed.model_ready,
+        autoscaler_namespace: spec
+            .autoscaling
+            .as_ref()
+            .and(platform.operator_namespace.clone()),
     })
 }
 

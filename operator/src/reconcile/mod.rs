@@ -12,7 +12,7 @@ pub mod status;
 pub mod topologies;
 pub mod topology_status;
 
-use crate::api::{InferaDeployment, PDTopology, ServingMode};
+use crate::api::{InferaDeployment, InferaDeploymentStatus, PDTopology, ServingMode};
 use crate::metrics::Metrics;
 use crate::plan::{Observed, Platform, validate};
 use crate::render::engine::ENGINE_PORT;
@@ -375,10 +375,15 @@ async fn write_status(
         .as_ref()
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
         .map(|c| (c.status.clone(), c.reason.clone()));
+    // `status.autoscaling` belongs to the autoscaler's field manager.
+    let written = InferaDeploymentStatus {
+        autoscaling: None,
+        ..new.clone()
+    };
     apply_status(
         &Api::<InferaDeployment>::namespaced(ctx.client.clone(), namespace),
         &idep.name_any(),
-        &new,
+        &written,
     )
     .await?;
     let Some(ready) = ready else {
@@ -473,6 +478,7 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
                 endpoint: None,
                 pod_problems: Vec::new(),
                 tokenizer: None,
+                autoscaled: idep.spec.autoscaling.is_some(),
             };
             write_status(ctx, idep, &namespace, &obs).await?;
             return Ok(Action::requeue(Duration::from_secs(300)));
@@ -492,6 +498,7 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
                 endpoint: None,
                 pod_problems: Vec::new(),
                 tokenizer: None,
+                autoscaled: idep.spec.autoscaling.is_some(),
             };
             write_status(ctx, idep, &namespace, &obs).await?;
             return Err(e);
@@ -536,6 +543,7 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
         endpoint: Some(rendered.gateway_endpoint.clone()),
         pod_problems: pod_problems::build_pod_problems(&pods),
         tokenizer,
+        autoscaled: idep.spec.autoscaling.is_some(),
     };
     let ready_reason = write_status(ctx, idep, &namespace, &obs).await?;
     let mut requeue = build_requeue(&ready_reason, lws_missing);
@@ -628,8 +636,14 @@ pub async fn run(
                 tracing::debug!("controller: {e}");
             }
         });
-    let topologies = topologies::run(client.clone(), ns.as_deref(), shutdown);
-    futures::join!(deployments, topologies);
+    let topologies = topologies::run(client.clone(), ns.as_deref(), shutdown.clone());
+    let autoscaler = crate::autoscale::run(
+        client.clone(),
+        ns.clone(),
+        settings.instance.clone(),
+        shutdown,
+    );
+    futures::join!(deployments, topologies, autoscaler);
     tracing::info!("controllers stopped");
 }
 

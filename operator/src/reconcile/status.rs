@@ -56,6 +56,9 @@ pub struct Observation {
     pub pod_problems: Vec<PodProblem>,
     /// The gateways' tokenizer, when they fetch it from the workers.
     pub tokenizer: Option<GatewayTokenizer>,
+    /// `spec.autoscaling` is set: the `Autoscaling` condition follows what the
+    /// autoscaler wrote in `status.autoscaling`.
+    pub autoscaled: bool,
 }
 
 fn condition(
@@ -231,6 +234,17 @@ pub fn compute_status(
         let (ok, reason, message) = t.condition();
         conditions.push(cond("TokenizerLoaded", ok, reason, message));
     }
+    if obs.autoscaled {
+        let (ok, reason, message) = match &prev.autoscaling {
+            Some(a) => (a.state == "Active", a.state.as_str(), a.message.clone()),
+            None => (
+                false,
+                "Pending",
+                "the autoscaler has not looked at the signals yet".into(),
+            ),
+        };
+        conditions.push(cond("Autoscaling", ok, reason, message));
+    }
     InferaDeploymentStatus {
         observed_generation: generation,
         conditions,
@@ -239,6 +253,9 @@ pub fn compute_status(
         selector: Some(obs.selector.clone()),
         roles: roles_status,
         gateway_endpoint: obs.endpoint.clone().or(prev.gateway_endpoint),
+        // The autoscaler's own field (its field manager): kept for comparison, never
+        // written by the reconcile.
+        autoscaling: prev.autoscaling,
     }
 }
 

@@ -1,14 +1,17 @@
 //! The engine pods' NetworkPolicy (pure): ingress only from the deployment's own pods
 //! and the peers the user adds (`spec.network.networkPolicy`).
 
+use super::engine::ENGINE_PORT;
 use super::names;
 use super::{Child, Kind, child};
 use crate::plan::Plan;
 use infera_proto::discovery::DEPLOYMENT_LABEL;
 use k8s_openapi::api::networking::v1::{
-    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicySpec,
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use std::collections::BTreeMap;
 
 /// `<name>-engines`, unless turned off.
@@ -32,6 +35,33 @@ pub fn build_engine_network_policy(plan: &Plan) -> Option<Child> {
         from: Some(vec![own_pods]),
         ports: None,
     }];
+    if let Some(namespace) = &plan.autoscaler_namespace {
+        // The autoscaler reads the engines' /metrics.
+        ingress.push(NetworkPolicyIngressRule {
+            from: Some(vec![NetworkPolicyPeer {
+                namespace_selector: Some(LabelSelector {
+                    match_labels: Some(BTreeMap::from([(
+                        "kubernetes.io/metadata.name".to_owned(),
+                        namespace.clone(),
+                    )])),
+                    ..Default::default()
+                }),
+                pod_selector: Some(LabelSelector {
+                    match_labels: Some(BTreeMap::from([(
+                        "app.kubernetes.io/name".to_owned(),
+                        "infera-operator".to_owned(),
+                    )])),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]),
+            ports: Some(vec![NetworkPolicyPort {
+                port: Some(IntOrString::Int(i32::from(ENGINE_PORT))),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+        });
+    }
     if !policy.allow_from.is_empty() {
         ingress.push(NetworkPolicyIngressRule {
             from: Some(policy.allow_from.clone()),

@@ -1522,3 +1522,63 @@ fn host_rdma_devices_only_as_an_opt_in() {
         {"name": "rdma-devices", "hostPath": {"path": "/dev/infiniband", "type": "Directory"}}
     )));
 }
+
+#[test]
+fn an_autoscaled_deployment_admits_the_operator_to_its_engines_metrics() {
+    let (deps, topos) = load(&repo().join("examples/autoscaling/deployment.yaml"));
+    let dep = &deps[0];
+    let platform = Platform {
+        operator_namespace: Some("infera-system".into()),
+        ..Platform::with_images(images())
+    };
+    let observed = Observed {
+        topology: None,
+        model_ready: true,
+        ..Default::default()
+    };
+    let r = render(dep, observed, &platform).unwrap();
+    let policy = find(&r, Kind::NetworkPolicy, "chat-autoscaled-engines");
+    assert_eq!(
+        policy["spec"]["ingress"][1],
+        json!({
+            "from": [{
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "infera-system"}},
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "infera-operator"}},
+            }],
+            "ports": [{"port": 8000, "protocol": "TCP"}],
+        })
+    );
+    // Not autoscaled: only its own pods.
+    let mut fixed = dep.clone();
+    fixed.spec.autoscaling = None;
+    let r = render(&fixed, observed, &platform).unwrap();
+    let policy = find(&r, Kind::NetworkPolicy, "chat-autoscaled-engines");
+    assert_eq!(policy["spec"]["ingress"].as_array().unwrap().len(), 1);
+    // Disaggregated: the topology's shape until the autoscaler writes per-role counts,
+    // which count only while spec.autoscaling is set.
+    let replicas = |r: &Rendered, role: &str| {
+        find(r, Kind::StatefulSet, &format!("chat-pd-autoscaled-{role}"))["spec"]["replicas"]
+            .clone()
+    };
+    let mut pd = deps[1].clone();
+    let r = render_example(&pd, &topos, true);
+    assert_eq!(
+        (replicas(&r, "prefill"), replicas(&r, "decode")),
+        (json!(1), json!(1))
+    );
+    pd.spec.serving.role_replicas = Some(crate::api::RoleReplicas {
+        prefill: 3,
+        decode: 1,
+    });
+    let r = render_example(&pd, &topos, true);
+    assert_eq!(
+        (replicas(&r, "prefill"), replicas(&r, "decode")),
+        (json!(3), json!(1))
+    );
+    pd.spec.autoscaling = None;
+    let r = render_example(&pd, &topos, true);
+    assert_eq!(
+        (replicas(&r, "prefill"), replicas(&r, "decode")),
+        (json!(1), json!(1))
+    );
+}

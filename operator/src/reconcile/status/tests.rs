@@ -27,6 +27,7 @@ fn obs(roles: Vec<RoleObservation>, gateway: (i32, i32)) -> Observation {
         endpoint: Some("http://d-gateway.ns:8000".into()),
         pod_problems: Vec::new(),
         tokenizer: None,
+        autoscaled: false,
     }
 }
 
@@ -228,4 +229,37 @@ fn the_gateways_tokenizer_is_a_condition_of_its_own() {
     let c = cond(&s2, "TokenizerLoaded");
     assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Loaded"));
     assert_eq!(c.last_transition_time, t(200));
+}
+
+#[test]
+fn the_autoscaling_condition_follows_what_the_autoscaler_wrote() {
+    let roles = vec![role(Role::Mixed, 2, 2, 2, 1)];
+    let mut o = obs(roles, (1, 1));
+    let s = compute_status(None, &o, &t(100));
+    assert!(s.conditions.iter().all(|c| c.type_ != "Autoscaling"));
+    o.autoscaled = true;
+    let s = compute_status(None, &o, &t(100));
+    let c = cond(&s, "Autoscaling");
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "Pending"));
+    let mut written = s.clone();
+    written.autoscaling = Some(crate::api::AutoscalingStatus {
+        state: "StoodDown".into(),
+        message: "HorizontalPodAutoscaler h targets this deployment's /scale".into(),
+        ..Default::default()
+    });
+    let s = compute_status(Some(&written), &o, &t(200));
+    let c = cond(&s, "Autoscaling");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "StoodDown")
+    );
+    assert!(
+        c.message.contains("HorizontalPodAutoscaler h"),
+        "{}",
+        c.message
+    );
+    // The autoscaler's field is carried, so an unchanged status compares equal.
+    assert_eq!(s.autoscaling, written.autoscaling);
+    let again = compute_status(Some(&s), &o, &t(300));
+    assert_eq!(again, s);
 }

@@ -1,0 +1,749 @@
+//! The autoscaler: each deployment with `spec.autoscaling` is looked at every
+//! `intervalSeconds`. A look reads the signals off its pods ([`scrape`], [`signals`]),
+//! decides each role's workers ([`decide`], pure) and, when they change, writes them
+//! (`spec.replicas`, or `spec.serving.roleReplicas` when disaggregated) with an Event
+//! saying why; every look ends in `status.autoscaling`. It stands down while a
+//! HorizontalPodAutoscaler targets the deployment. It runs beside the controllers, on
+//! the leader only.
+
+pub mod decide;
+pub mod scrape;
+pub mod signals;
+
+use crate::api::resolve::{Workers, resolve_workers};
+use crate::api::{
+    AutoscalingSpec, AutoscalingStatus, InferaDeployment, ObservedRole, ObservedSignals,
+    PDTopology, ServingMode,
+};
+use crate::render::names::Role;
+use decide::{History, Policy, RoleDecision, RoleSignals, Signals, decide};
+use futures::StreamExt;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use signals::{Buckets, GatewayLatency, add, quantile, since};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// The field manager of what the autoscaler writes.
+pub const FIELD_MANAGER: &str = "infera-autoscaler";
+
+/// How often the deployments are checked for a look that is due.
+const TICK: Duration = Duration::from_secs(1);
+
+/// What the autoscaler remembers of one deployment between looks.
+#[derive(Default)]
+struct Memory {
+    history: History,
+    gateways: HashMap<String, GatewayLatency>,
+    /// Per role, the most requests one worker ran while its queue was not empty.
+    seats: HashMap<Role, f64>,
+    last: Option<Instant>,
+    /// When `status.autoscaling` was last written.
+    written: Option<Instant>,
+    /// Per role, when it was last seen with workers not ready (or last changed).
+    unsettled: HashMap<Role, Instant>,
+}
+
+struct Autoscaler {
+    client: Client,
+    http: reqwest::Client,
+    recorder: Recorder,
+    epoch: Instant,
+}
+
+/// A look that could not finish (tried again at the next interval).
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {source}")]
+struct LookError {
+    what: &'static str,
+    #[source]
+    source: kube::Error,
+}
+
+fn step<T>(what: &'static str, r: Result<T, kube::Error>) -> Result<T, LookError> {
+    r.map_err(|source| LookError { what, source })
+}
+
+/// Runs until `shutdown` resolves.
+pub async fn run(
+    client: Client,
+    namespace: Option<String>,
+    instance: String,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) {
+    let http = match reqwest::Client::builder()
+        // Gateways serving TLS present a certificate for their Service, not for the pod
+        // address scraped; only their public metrics are read.
+        .danger_accept_invalid_certs(true)
+        .build()
+    {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::error!("autoscaler: no HTTP client: {e}");
+            return;
+        }
+    };
+    let api: Api<InferaDeployment> = match namespace.as_deref() {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let (store, writer) = reflector::store();
+    let watch = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .touched_objects()
+        .for_each(|_| async {});
+    let autoscaler = Autoscaler {
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.into(),
+                instance: Some(instance),
+            },
+        ),
+        client,
+        http,
+        epoch: Instant::now(),
+    };
+    let looks = autoscaler.looks(store);
+    tokio::select! {
+        _ = shutdown => {}
+        _ = watch => {}
+        _ = looks => {}
+    }
+}
+
+impl Autoscaler {
+    async fn looks(&self, store: Store<InferaDeployment>) {
+        let mut memory: HashMap<String, Memory> = HashMap::new();
+        loop {
+            tokio::time::sleep(TICK).await;
+            let deployments = store.state();
+            memory.retain(|uid, _| deployments.iter().any(|d| d.uid().as_ref() == Some(uid)));
+            for idep in deployments {
+                let Some(policy) = &idep.spec.autoscaling else {
+                    continue;
+                };
+                let uid = idep.uid().unwrap_or_default();
+                let m = memory.entry(uid).or_default();
+                let interval = Duration::from_secs(u64::from(policy.interval_seconds));
+                if m.last.is_some_and(|t| t.elapsed() < interval) {
+                    continue;
+                }
+                m.last = Some(Instant::now());
+                if let Err(e) = self.look(&idep, policy, m).await {
+                    tracing::warn!(deployment = %idep.name_any(), namespace = ?idep.namespace(), "autoscaler: {e}");
+                }
+            }
+        }
+    }
+
+    async fn look(
+        &self,
+        idep: &InferaDeployment,
+        spec: &AutoscalingSpec,
+        memory: &mut Memory,
+    ) -> Result<(), LookError> {
+        let ns = idep.namespace().unwrap_or_default();
+        let name = idep.name_any();
+        let api = Api::<InferaDeployment>::namespaced(self.client.clone(), &ns);
+        let previous = idep.status.as_ref().and_then(|s| s.autoscaling.clone());
+        if let Some(hpa) = step(
+            "listing HorizontalPodAutoscalers",
+            hpa_targeting(&self.client, &ns, &name).await,
+        )? {
+            return self.stand_down(idep, &api, &hpa, previous).await;
+        }
+        let topology = match (&idep.spec.serving.mode, &idep.spec.serving.topology_ref) {
+            (ServingMode::Disaggregated, Some(t)) => step(
+                "reading the PDTopology",
+                Api::<PDTopology>::namespaced(self.client.clone(), &ns)
+                    .get_opt(t)
+                    .await,
+            )?,
+            _ => None,
+        };
+        let workers = match resolve_workers(
+            &idep.spec,
+            topology
+                .as_ref()
+                .map(|t| (t.metadata.name.as_deref().unwrap_or_default(), &t.spec)),
+        ) {
+            Ok(w) => w,
+            // The reconcile reports why in Degraded; nothing to size.
+            Err(_) => return Ok(()),
+        };
+        let current: Vec<(Role, u32)> = match workers {
+            Workers::Mixed(n) => vec![(Role::Mixed, n)],
+            Workers::Disaggregated {
+                prefill, decode, ..
+            } => vec![(Role::Prefill, prefill), (Role::Decode, decode)],
+        };
+        let engines = step(
+            "listing engine pods",
+            scrape::engines(&self.client, &self.http, &ns, &name).await,
+        )?;
+        // A gateway's /metrics wants a key only with both set; the operator holds none.
+        let locked = idep.spec.gateway.metrics_require_auth
+            && idep.spec.gateway.api_keys_secret_ref.is_some();
+        let gateways = if locked {
+            Vec::new()
+        } else {
+            step(
+                "listing gateway pods",
+                scrape::gateways(
+                    &self.client,
+                    &self.http,
+                    &ns,
+                    &name,
+                    idep.spec.gateway.tls.is_some(),
+                )
+                .await,
+            )?
+        };
+        let (ttft_p90, itl_p90) = interval_latency(&gateways, &memory.gateways);
+        memory.gateways = gateways.into_iter().collect();
+        let status = idep.status.clone().unwrap_or_default();
+        learn_seats(&mut memory.seats, &engines);
+        let settle = 2 * Duration::from_secs(u64::from(spec.interval_seconds));
+        let roles: Vec<RoleSignals> = current
+            .iter()
+            .map(|&(role, n)| {
+                let seats = memory.seats.get(&role).copied();
+                let mut s = role_signals(role, n, &engines, &status.roles, seats);
+                if s.ready < s.current {
+                    memory.unsettled.insert(role, Instant::now());
+                }
+                s.settled = s.ready >= s.current
+                    && memory
+                        .unsettled
+                        .get(&role)
+                        .is_none_or(|t| t.elapsed() >= settle);
+                s
+            })
+            .collect();
+        let signals = Signals {
+            ttft_p90,
+            itl_p90,
+            rollout: idep.metadata.generation != status.observed_generation,
+            roles,
+        };
+        let observed = observed(&signals, &engines);
+        let answered = engines.iter().any(|(_, l)| l.is_some());
+        let policy = Policy {
+            min: spec.min_replicas,
+            // The schema keeps min <= max; a server without CEL does not.
+            max: spec.max_replicas.max(spec.min_replicas),
+            targets: spec.targets.clone(),
+            up_window: f64::from(spec.scale_up_stabilization_seconds),
+            down_window: f64::from(spec.scale_down_stabilization_seconds),
+        };
+        let now = self.epoch.elapsed().as_secs_f64();
+        let (decisions, history) = decide(&policy, &signals, &memory.history, now);
+        memory.history = history;
+        let changed: Vec<&RoleDecision> = decisions
+            .iter()
+            .filter(|d| d.desired != d.current)
+            .collect();
+        let message = match (answered, locked) {
+            (false, _) => "no engine pod answered on /metrics; the workers stay as they are",
+            (true, false) => "the operator sizes the workers on spec.autoscaling.targets",
+            (true, true) => {
+                "the operator sizes the workers on the engines' signals; the TTFT and inter-token targets are not used: the gateways' /metrics need an API key (spec.gateway.metricsRequireAuth)"
+            }
+        };
+        let mut next = AutoscalingStatus {
+            state: if answered { "Active" } else { "NoSignals" }.into(),
+            message: message.into(),
+            last_decision: if answered {
+                summary(&decisions)
+            } else {
+                "nothing decided".into()
+            },
+            last_look_time: Some(crate::reconcile::now()),
+            last_scale_time: previous.as_ref().and_then(|p| p.last_scale_time.clone()),
+            last_scale: previous.as_ref().and_then(|p| p.last_scale.clone()),
+            next_scale_in_time: decisions
+                .iter()
+                .filter_map(|d| d.next_scale_in)
+                .reduce(f64::min)
+                .map(|t| wall_time(t - now)),
+            observed: Some(observed),
+        };
+        if answered && !changed.is_empty() {
+            let patch = spec_patch(&idep.spec.serving.mode, &decisions);
+            step(
+                "writing the workers",
+                api.patch(
+                    &name,
+                    &PatchParams {
+                        field_manager: Some(FIELD_MANAGER.into()),
+                        ..Default::default()
+                    },
+                    &Patch::Merge(&patch),
+                )
+                .await,
+            )?;
+            let what = changed
+                .iter()
+                .map(|d| format!("{} {} -> {}", d.role.as_str(), d.current, d.desired))
+                .collect::<Vec<_>>()
+                .join(", ");
+            tracing::info!(deployment = %name, namespace = %ns, "autoscaled {what}: {}", next.last_decision);
+            for d in &changed {
+                memory.unsettled.insert(d.role, Instant::now());
+            }
+            next.last_scale_time = Some(crate::reconcile::now());
+            next.last_scale = Some(what.clone());
+            let out = changed.iter().any(|d| d.desired > d.current);
+            // The change in the action: Events of one action are folded into one series
+            // that keeps its first note.
+            self.publish(
+                idep,
+                if out { "ScaledOut" } else { "ScaledIn" },
+                &format!("Scale {what}"),
+                &next.last_decision,
+            )
+            .await;
+        }
+        if previous.as_ref().map(|p| p.state.as_str()) != Some(next.state.as_str())
+            && next.state == "NoSignals"
+        {
+            self.publish(idep, "AutoscalerNoSignals", "Autoscale", &next.message)
+                .await;
+        }
+        if !worth_writing(
+            previous.as_ref(),
+            &next,
+            memory.written.map(|t| t.elapsed()),
+        ) {
+            return Ok(());
+        }
+        step(
+            "writing status.autoscaling",
+            write_status(&api, &name, &next).await,
+        )?;
+        memory.written = Some(Instant::now());
+        Ok(())
+    }
+
+    async fn stand_down(
+        &self,
+        idep: &InferaDeployment,
+        api: &Api<InferaDeployment>,
+        hpa: &str,
+        previous: Option<AutoscalingStatus>,
+    ) -> Result<(), LookError> {
+        let name = idep.name_any();
+        if idep.spec.serving.role_replicas.is_some() {
+            // The HorizontalPodAutoscaler counts topology units in spec.replicas.
+            step(
+                "clearing spec.serving.roleReplicas",
+                api.patch(
+                    &name,
+                    &PatchParams {
+                        field_manager: Some(FIELD_MANAGER.into()),
+                        ..Default::default()
+                    },
+                    &Patch::Merge(&json!({"spec": {"serving": {"roleReplicas": null}}})),
+                )
+                .await,
+            )?;
+        }
+        let message = format!(
+            "HorizontalPodAutoscaler {hpa} targets this deployment's /scale: it sets spec.replicas and the operator does not scale"
+        );
+        let next = AutoscalingStatus {
+            state: "StoodDown".into(),
+            message: message.clone(),
+            last_decision: String::new(),
+            last_look_time: Some(crate::reconcile::now()),
+            ..previous.clone().unwrap_or_default()
+        };
+        if previous.map(|p| p.state) != Some(next.state.clone()) {
+            self.publish(idep, "AutoscalerStoodDown", "Autoscale", &message)
+                .await;
+        }
+        step(
+            "writing status.autoscaling",
+            write_status(api, &name, &next).await,
+        )
+    }
+
+    async fn publish(&self, idep: &InferaDeployment, reason: &str, action: &str, note: &str) {
+        let event = Event {
+            type_: EventType::Normal,
+            reason: reason.into(),
+            note: Some(note.chars().take(1000).collect()),
+            action: action.chars().take(128).collect(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &idep.object_ref(&())).await {
+            tracing::warn!("publishing event {reason}: {e}");
+        }
+    }
+}
+
+/// How often the signals in `status.autoscaling` are refreshed when nothing else
+/// changed: each write wakes the deployment's reconcile.
+const REFRESH: Duration = Duration::from_secs(30);
+
+/// Whether a look's status is worth a write: the state, the last change or a waiting
+/// scale-in's time changed, or the signals shown are older than [`REFRESH`].
+fn worth_writing(
+    previous: Option<&AutoscalingStatus>,
+    next: &AutoscalingStatus,
+    since_written: Option<Duration>,
+) -> bool {
+    let Some(p) = previous else {
+        return true;
+    };
+    p.state != next.state
+        || p.message != next.message
+        || p.last_scale_time != next.last_scale_time
+        || p.next_scale_in_time.is_some() != next.next_scale_in_time.is_some()
+        || since_written.is_none_or(|s| s >= REFRESH)
+}
+
+/// The name of a HorizontalPodAutoscaler whose target is deployment `name`.
+async fn hpa_targeting(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<String>, kube::Error> {
+    let hpas = Api::<HorizontalPodAutoscaler>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await?;
+    Ok(hpas.items.iter().find_map(|h| {
+        let target = &h.spec.as_ref()?.scale_target_ref;
+        let ours = target.kind == "InferaDeployment"
+            && target.name == name
+            && target
+                .api_version
+                .as_deref()
+                .is_some_and(|v| v.starts_with(crate::api::GROUP));
+        ours.then(|| h.name_any())
+    }))
+}
+
+/// TTFT and inter-token p90 of the last interval, over the gateways seen before (a
+/// gateway's first scrape only sets its baseline). When those gateways answered no
+/// request at all, both are 0: an idle deployment is under any latency target.
+fn interval_latency(
+    now: &[(String, GatewayLatency)],
+    before: &HashMap<String, GatewayLatency>,
+) -> (Option<f64>, Option<f64>) {
+    let mut ttft = Buckets::new();
+    let mut itl = Buckets::new();
+    let mut requests = Buckets::new();
+    let mut baselined = false;
+    for (uid, latency) in now {
+        let Some(earlier) = before.get(uid) else {
+            continue;
+        };
+        baselined = true;
+        ttft = add(&ttft, &since(&latency.ttft, Some(&earlier.ttft)));
+        itl = add(&itl, &since(&latency.itl, Some(&earlier.itl)));
+        requests = add(
+            &requests,
+            &since(&latency.requests, Some(&earlier.requests)),
+        );
+    }
+    let answered = requests.last().map_or(0.0, |(_, n)| *n);
+    if baselined && answered <= 0.0 {
+        return (Some(0.0), Some(0.0));
+    }
+    (quantile(0.9, &ttft), quantile(0.9, &itl))
+}
+
+/// Remembers, per role, the most requests a worker ran while requests waited in its
+/// queue: what one worker holds at once.
+fn learn_seats(seats: &mut HashMap<Role, f64>, engines: &[(Role, Option<signals::EngineLoad>)]) {
+    for (role, load) in engines {
+        let Some(load) = load else { continue };
+        if let (Some(waiting), Some(running)) = (load.waiting, load.running)
+            && waiting > 0.0
+            && running > 0.0
+        {
+            let seen = seats.entry(*role).or_insert(running);
+            *seen = seen.max(running);
+        }
+    }
+}
+
+fn role_signals(
+    role: Role,
+    current: u32,
+    engines: &[(Role, Option<signals::EngineLoad>)],
+    status: &[crate::api::RoleStatus],
+    seats: Option<f64>,
+) -> RoleSignals {
+    let loads: Vec<&signals::EngineLoad> = engines
+        .iter()
+        .filter(|(r, _)| *r == role)
+        .filter_map(|(_, l)| l.as_ref())
+        .collect();
+    let sum = |f: fn(&signals::EngineLoad) -> Option<f64>| {
+        let values: Vec<f64> = loads.iter().filter_map(|l| f(l)).collect();
+        (!values.is_empty()).then(|| values.iter().sum::<f64>())
+    };
+    let kv_reports = loads.iter().filter(|l| l.kv_usage.is_some()).count();
+    let kv = sum(|l| l.kv_usage).map(|s| s / kv_reports.max(1) as f64);
+    let mut of_role = engines.iter().filter(|(r, _)| *r == role).peekable();
+    let complete = of_role.peek().is_some() && of_role.all(|(_, l)| l.is_some());
+    let ready = status
+        .iter()
+        .find(|s| s.role == role.as_str() && s.replicas == current as i32)
+        .map_or(0, |s| u32::try_from(s.ready_replicas).unwrap_or(0));
+    RoleSignals {
+        role,
+        current,
+        ready,
+        waiting: sum(|l| l.waiting),
+        kv_usage: kv,
+        running: sum(|l| l.running),
+        seats,
+        complete,
+        settled: ready >= current,
+    }
+}
+
+fn observed(signals: &Signals, engines: &[(Role, Option<signals::EngineLoad>)]) -> ObservedSignals {
+    ObservedSignals {
+        ttft_p90_seconds: signals.ttft_p90.map(round3),
+        itl_p90_seconds: signals.itl_p90.map(round3),
+        roles: signals
+            .roles
+            .iter()
+            .map(|r| {
+                let loads: Vec<_> = engines
+                    .iter()
+                    .filter(|(role, l)| *role == r.role && l.is_some())
+                    .filter_map(|(_, l)| *l)
+                    .collect();
+                let running: Vec<f64> = loads.iter().filter_map(|l| l.running).collect();
+                ObservedRole {
+                    role: r.role.as_str().into(),
+                    replicas: r.current,
+                    scraped: loads.len() as u32,
+                    waiting_per_worker: r.waiting.map(|w| round3(w / f64::from(r.current.max(1)))),
+                    running: (!running.is_empty()).then(|| running.iter().sum()),
+                    kv_usage: r.kv_usage.map(round3),
+                }
+            })
+            .collect(),
+    }
+}
+
+fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+fn summary(decisions: &[RoleDecision]) -> String {
+    decisions
+        .iter()
+        .map(|d| {
+            let counts = if d.desired == d.current {
+                format!("{} at {}", d.role.as_str(), d.current)
+            } else {
+                format!("{} {} -> {}", d.role.as_str(), d.current, d.desired)
+            };
+            format!("{counts}: {}", d.reason)
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The merge patch writing the decided workers.
+fn spec_patch(mode: &ServingMode, decisions: &[RoleDecision]) -> serde_json::Value {
+    let of = |role: Role| {
+        decisions
+            .iter()
+            .find(|d| d.role == role)
+            .map_or(0, |d| d.desired)
+    };
+    match mode {
+        ServingMode::Mixed => json!({"spec": {"replicas": of(Role::Mixed)}}),
+        ServingMode::Disaggregated => json!({"spec": {"serving": {"roleReplicas": {
+            "prefill": of(Role::Prefill),
+            "decode": of(Role::Decode),
+        }}}}),
+    }
+}
+
+fn wall_time(in_seconds: f64) -> Time {
+    let now = crate::reconcile::now();
+    let later = now
+        .0
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(
+            in_seconds.ceil() as i64,
+        ))
+        .unwrap_or(now.0);
+    Time(later)
+}
+
+async fn write_status(
+    api: &Api<InferaDeployment>,
+    name: &str,
+    status: &AutoscalingStatus,
+) -> Result<(), kube::Error> {
+    let patch = json!({
+        "apiVersion": InferaDeployment::api_version(&()),
+        "kind": InferaDeployment::kind(&()),
+        "status": {"autoscaling": status},
+    });
+    api.patch_status(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decision(role: Role, current: u32, desired: u32) -> RoleDecision {
+        RoleDecision {
+            role,
+            current,
+            desired,
+            reason: "why".into(),
+            next_scale_in: None,
+        }
+    }
+
+    #[test]
+    fn patches_write_replicas_or_role_replicas() {
+        assert_eq!(
+            spec_patch(&ServingMode::Mixed, &[decision(Role::Mixed, 1, 3)]),
+            json!({"spec": {"replicas": 3}})
+        );
+        assert_eq!(
+            spec_patch(
+                &ServingMode::Disaggregated,
+                &[decision(Role::Prefill, 1, 2), decision(Role::Decode, 2, 2)]
+            ),
+            json!({"spec": {"serving": {"roleReplicas": {"prefill": 2, "decode": 2}}}})
+        );
+        assert_eq!(
+            summary(&[decision(Role::Prefill, 1, 2), decision(Role::Decode, 2, 2)]),
+            "prefill 1 -> 2: why; decode at 2: why"
+        );
+    }
+
+    #[test]
+    fn status_is_written_on_a_change_or_to_refresh_the_signals() {
+        let seen = AutoscalingStatus {
+            state: "Active".into(),
+            last_decision: "mixed at 1: within 10%".into(),
+            ..Default::default()
+        };
+        let fresher = AutoscalingStatus {
+            last_decision: "mixed at 1: within 10% (newer numbers)".into(),
+            ..seen.clone()
+        };
+        let soon = Some(Duration::from_secs(2));
+        assert!(worth_writing(None, &seen, None));
+        assert!(!worth_writing(Some(&seen), &fresher, soon));
+        assert!(worth_writing(Some(&seen), &fresher, Some(REFRESH)));
+        let scaled = AutoscalingStatus {
+            last_scale_time: Some(crate::reconcile::now()),
+            ..fresher.clone()
+        };
+        assert!(worth_writing(Some(&seen), &scaled, soon));
+        let stood_down = AutoscalingStatus {
+            state: "StoodDown".into(),
+            ..fresher
+        };
+        assert!(worth_writing(Some(&seen), &stood_down, soon));
+    }
+
+    #[test]
+    fn latency_counts_only_gateways_seen_before_and_idle_is_zero() {
+        let g = |n: f64, answered: f64| GatewayLatency {
+            ttft: vec![(0.5, n), (f64::INFINITY, n)],
+            itl: Vec::new(),
+            requests: vec![(f64::INFINITY, answered)],
+        };
+        let before = HashMap::from([("a".to_owned(), g(10.0, 10.0))]);
+        // 4 streamed first tokens in (0, 0.5]: p90 at 0.45; b only sets its baseline.
+        let now = vec![
+            ("a".to_owned(), g(14.0, 14.0)),
+            ("b".to_owned(), g(100.0, 100.0)),
+        ];
+        let (ttft, itl) = interval_latency(&now, &before);
+        assert!((ttft.unwrap() - 0.45).abs() < 1e-9);
+        assert_eq!(itl, None, "requests, none streamed past the first token");
+        // Nothing answered since: idle, under any target.
+        let idle = vec![("a".to_owned(), g(10.0, 10.0))];
+        assert_eq!(interval_latency(&idle, &before), (Some(0.0), Some(0.0)));
+        // No baseline yet: no signal.
+        assert_eq!(interval_latency(&idle, &HashMap::new()), (None, None));
+    }
+
+    #[test]
+    fn role_signals_sum_the_queue_and_average_kv_usage() {
+        let load = |w, kv| {
+            Some(signals::EngineLoad {
+                waiting: Some(w),
+                running: Some(1.0),
+                kv_usage: Some(kv),
+            })
+        };
+        let engines = vec![
+            (Role::Decode, load(2.0, 0.2)),
+            (Role::Decode, load(3.0, 0.4)),
+            (Role::Decode, None),
+            (Role::Prefill, load(9.0, 0.9)),
+        ];
+        let status = vec![crate::api::RoleStatus {
+            role: "decode".into(),
+            replicas: 3,
+            ready_replicas: 2,
+        }];
+        let s = role_signals(Role::Decode, 3, &engines, &status, Some(2.0));
+        assert_eq!(s.waiting, Some(5.0));
+        assert_eq!(s.running, Some(2.0));
+        assert_eq!(s.seats, Some(2.0));
+        assert!((s.kv_usage.unwrap() - 0.3).abs() < 1e-9);
+        assert_eq!(s.ready, 2);
+        assert!(!s.complete, "one decode engine did not answer");
+        assert!(role_signals(Role::Prefill, 1, &engines, &status, None).complete);
+        assert!(!role_signals(Role::Mixed, 1, &engines, &status, None).complete);
+        // A status about another count (not caught up): not ready yet.
+        assert_eq!(
+            role_signals(Role::Decode, 4, &engines, &status, None).ready,
+            0
+        );
+    }
+
+    #[test]
+    fn seats_are_what_a_worker_ran_while_its_queue_was_not_empty() {
+        let load = |waiting, running| {
+            Some(signals::EngineLoad {
+                waiting: Some(waiting),
+                running: Some(running),
+                kv_usage: None,
+            })
+        };
+        let mut seats = HashMap::new();
+        // Running 3 without a queue says nothing of the limit.
+        learn_seats(&mut seats, &[(Role::Mixed, load(0.0, 3.0))]);
+        assert!(seats.is_empty());
+        learn_seats(
+            &mut seats,
+            &[(Role::Mixed, load(2.0, 2.0)), (Role::Decode, None)],
+        );
+        learn_seats(&mut seats, &[(Role::Mixed, load(1.0, 4.0))]);
+        learn_seats(&mut seats, &[(Role::Mixed, load(5.0, 1.0))]);
+        assert_eq!(seats, HashMap::from([(Role::Mixed, 4.0)]));
+    }
+}

@@ -1,0 +1,284 @@
+//! Reading signals out of Prometheus text exposition (pure): an engine's queue, running
+//! requests and KV usage under vLLM's or SGLang's names, and the gateway's TTFT and
+//! inter-token histograms, whose per-interval percentiles come from the difference of
+//! two scrapes.
+//!
+//! A small reader of the text format rather than a crate: the one published parser
+//! rejects metric names with colons, which every vLLM and SGLang metric has.
+
+/// Cumulative histogram buckets: (upper bound, count), in the order exposed.
+pub type Buckets = Vec<(f64, f64)>;
+
+/// One engine's load.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineLoad {
+    /// Requests waiting in its queue.
+    pub waiting: Option<f64>,
+    /// Requests running.
+    pub running: Option<f64>,
+    /// KV-cache usage, 0-1.
+    pub kv_usage: Option<f64>,
+}
+
+/// A gateway's latency histograms.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GatewayLatency {
+    /// `infera_gateway_ttft_seconds`.
+    pub ttft: Buckets,
+    /// `infera_gateway_itl_seconds`.
+    pub itl: Buckets,
+    /// `infera_request_duration_seconds` over every outcome: its `+Inf` bucket counts
+    /// the requests answered, streamed or not.
+    pub requests: Buckets,
+}
+
+/// Engine metric names: vLLM (and ATOM), then SGLang; the older vLLM KV name last.
+const WAITING: [&str; 2] = ["vllm:num_requests_waiting", "sglang:num_queue_reqs"];
+const RUNNING: [&str; 2] = ["vllm:num_requests_running", "sglang:num_running_reqs"];
+const KV_USAGE: [&str; 3] = [
+    "vllm:kv_cache_usage_perc",
+    "sglang:token_usage",
+    "vllm:gpu_cache_usage_perc",
+];
+
+/// A sample line split into its name, its label text (inside the braces) and its value.
+fn sample(line: &str) -> Option<(&str, &str, f64)> {
+    let line = line.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return None;
+    }
+    let (series, rest) = match line.find('{') {
+        Some(open) => {
+            let close = line[open..].find('}')? + open;
+            (&line[..close + 1], &line[close + 1..])
+        }
+        None => line.split_at(line.find(char::is_whitespace)?),
+    };
+    let value = rest.split_whitespace().next()?;
+    let value = match value {
+        "+Inf" => f64::INFINITY,
+        "-Inf" => f64::NEG_INFINITY,
+        v => v.parse().ok()?,
+    };
+    match series.split_once('{') {
+        Some((name, labels)) => Some((name, labels.trim_end_matches('}'), value)),
+        None => Some((series, "", value)),
+    }
+}
+
+/// The value of label `key` in a label text.
+fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
+    let mut rest = labels;
+    while let Some((k, after)) = rest.split_once("=\"") {
+        let end = after.find('"')?;
+        if k.trim().trim_start_matches(',').trim() == key {
+            return Some(&after[..end]);
+        }
+        rest = &after[end + 1..];
+    }
+    None
+}
+
+/// Every series' value of the first of `names` the text has (an engine may label one
+/// series per model or per engine core).
+fn first_values(text: &str, names: &[&str]) -> Option<Vec<f64>> {
+    names.iter().find_map(|want| {
+        let values: Vec<f64> = text
+            .lines()
+            .filter_map(sample)
+            .filter(|(name, _, _)| name == want)
+            .map(|(_, _, v)| v)
+            .collect();
+        (!values.is_empty()).then_some(values)
+    })
+}
+
+/// An engine's load from its `/metrics`.
+pub fn engine_load(text: &str) -> EngineLoad {
+    EngineLoad {
+        // Queues add up over engine cores; usage is a share, so their mean.
+        waiting: first_values(text, &WAITING).map(|v| v.iter().sum()),
+        running: first_values(text, &RUNNING).map(|v| v.iter().sum()),
+        kv_usage: first_values(text, &KV_USAGE)
+            .map(|v| (v.iter().sum::<f64>() / v.len() as f64).clamp(0.0, 1.0)),
+    }
+}
+
+/// The `_bucket` series of histogram `name`, summed over other labels, by bound.
+fn buckets(text: &str, name: &str) -> Buckets {
+    let series = format!("{name}_bucket");
+    let mut out: Buckets = Vec::new();
+    for (n, labels, value) in text.lines().filter_map(sample) {
+        if n != series {
+            continue;
+        }
+        let Some(le) = label(labels, "le").and_then(|le| match le {
+            "+Inf" => Some(f64::INFINITY),
+            v => v.parse::<f64>().ok(),
+        }) else {
+            continue;
+        };
+        match out.iter_mut().find(|(b, _)| *b == le) {
+            Some((_, count)) => *count += value,
+            None => out.push((le, value)),
+        }
+    }
+    out.sort_by(|a, b| a.0.total_cmp(&b.0));
+    out
+}
+
+/// A gateway's TTFT and inter-token histograms from its `/metrics`.
+pub fn gateway_latency(text: &str) -> GatewayLatency {
+    GatewayLatency {
+        ttft: buckets(text, "infera_gateway_ttft_seconds"),
+        itl: buckets(text, "infera_gateway_itl_seconds"),
+        requests: buckets(text, "infera_request_duration_seconds"),
+    }
+}
+
+/// What was observed between scrape `before` and `now` (all of `now` after a restart,
+/// whose counts start again from zero, or without an earlier scrape).
+pub fn since(now: &Buckets, before: Option<&Buckets>) -> Buckets {
+    let Some(before) = before else {
+        return now.clone();
+    };
+    let earlier = |le: f64| {
+        before
+            .iter()
+            .find(|(b, _)| *b == le)
+            .map_or(0.0, |(_, c)| *c)
+    };
+    if now.iter().any(|(le, c)| *c < earlier(*le)) {
+        return now.clone();
+    }
+    now.iter().map(|(le, c)| (*le, c - earlier(*le))).collect()
+}
+
+/// Two histograms of the same bounds added (several gateways).
+pub fn add(a: &Buckets, b: &Buckets) -> Buckets {
+    let mut out = a.clone();
+    for (le, c) in b {
+        match out.iter_mut().find(|(x, _)| x == le) {
+            Some((_, n)) => *n += c,
+            None => out.push((*le, *c)),
+        }
+    }
+    out.sort_by(|x, y| x.0.total_cmp(&y.0));
+    out
+}
+
+/// Quantile `q` of cumulative buckets, interpolated linearly inside its bucket as
+/// Prometheus' `histogram_quantile` does (the highest finite bound when it falls in
+/// `+Inf`); none without observations.
+pub fn quantile(q: f64, buckets: &Buckets) -> Option<f64> {
+    let total = buckets.last().map(|(_, c)| *c)?;
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q * total;
+    let mut lower = (0.0, 0.0);
+    for &(le, count) in buckets {
+        if count >= rank {
+            if le.is_infinite() {
+                return Some(lower.0);
+            }
+            let width = count - lower.1;
+            let share = if width > 0.0 {
+                (rank - lower.1) / width
+            } else {
+                1.0
+            };
+            return Some(lower.0 + (le - lower.0) * share);
+        }
+        lower = (le, count);
+    }
+    Some(lower.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VLLM: &str = "# HELP vllm:num_requests_waiting Number of requests waiting.\n\
+        # TYPE vllm:num_requests_waiting gauge\n\
+        vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 3.0\n\
+        vllm:num_requests_waiting{engine=\"1\",model_name=\"m\"} 2.0\n\
+        vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 8.0\n\
+        vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25\n\
+        vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"m\"} 0.75\n";
+
+    const SGLANG: &str = "sglang:num_queue_reqs{model_name=\"m\"} 1\n\
+        sglang:num_running_reqs{model_name=\"m\"} 4\n\
+        sglang:token_usage{model_name=\"m\"} 0.5\n";
+
+    #[test]
+    fn engine_load_reads_vllm_and_sglang_names() {
+        assert_eq!(
+            engine_load(VLLM),
+            EngineLoad {
+                waiting: Some(5.0),
+                running: Some(8.0),
+                kv_usage: Some(0.5)
+            }
+        );
+        assert_eq!(
+            engine_load(SGLANG),
+            EngineLoad {
+                waiting: Some(1.0),
+                running: Some(4.0),
+                kv_usage: Some(0.5)
+            }
+        );
+        assert_eq!(engine_load("# nothing\n"), EngineLoad::default());
+    }
+
+    const GATEWAY: &str = "# TYPE infera_gateway_ttft_seconds histogram\n\
+        infera_gateway_ttft_seconds_sum 3.5\n\
+        infera_gateway_ttft_seconds_count 10\n\
+        infera_gateway_ttft_seconds_bucket{le=\"0.1\"} 2\n\
+        infera_gateway_ttft_seconds_bucket{le=\"0.25\"} 6\n\
+        infera_gateway_ttft_seconds_bucket{le=\"0.5\"} 10\n\
+        infera_gateway_ttft_seconds_bucket{le=\"+Inf\"} 10\n\
+        infera_gateway_itl_seconds_bucket{le=\"0.01\"} 100\n\
+        infera_gateway_itl_seconds_bucket{le=\"+Inf\"} 100\n";
+
+    #[test]
+    fn gateway_histograms_and_their_quantiles() {
+        let g = gateway_latency(GATEWAY);
+        assert_eq!(
+            g.ttft,
+            vec![(0.1, 2.0), (0.25, 6.0), (0.5, 10.0), (f64::INFINITY, 10.0)]
+        );
+        // Rank 9 of 10 falls in (0.25, 0.5], 3 of its 4.
+        assert!((quantile(0.9, &g.ttft).unwrap() - 0.4375).abs() < 1e-9);
+        assert!((quantile(0.5, &g.ttft).unwrap() - 0.2125).abs() < 1e-9);
+        assert!((quantile(0.9, &g.itl).unwrap() - 0.009).abs() < 1e-12);
+        assert_eq!(quantile(0.9, &Vec::new()), None);
+        // Everything past the last finite bound: that bound.
+        assert_eq!(
+            quantile(0.9, &vec![(1.0, 0.0), (f64::INFINITY, 4.0)]),
+            Some(1.0)
+        );
+    }
+
+    #[test]
+    fn since_subtracts_the_earlier_scrape_and_restarts_from_zero() {
+        let before = vec![(0.1, 2.0), (f64::INFINITY, 4.0)];
+        let now = vec![(0.1, 3.0), (f64::INFINITY, 9.0)];
+        assert_eq!(
+            since(&now, Some(&before)),
+            vec![(0.1, 1.0), (f64::INFINITY, 5.0)]
+        );
+        assert_eq!(since(&now, None), now);
+        // A restarted gateway counts from zero: all of now.
+        let restarted = vec![(0.1, 1.0), (f64::INFINITY, 1.0)];
+        assert_eq!(since(&restarted, Some(&before)), restarted);
+        assert_eq!(add(&before, &now), vec![(0.1, 5.0), (f64::INFINITY, 13.0)]);
+    }
+
+    #[test]
+    fn labels_with_commas_are_read() {
+        let text = "x_bucket{path=\"/a,b\",le=\"0.5\"} 7\n";
+        assert_eq!(buckets(text, "x"), vec![(0.5, 7.0)]);
+    }
+}
