@@ -8,8 +8,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use infera_e2e::deploy::ROLLOUT;
+use infera_e2e::gateway::Gateway;
 use infera_e2e::load::Load;
-use infera_e2e::{Cluster, eventually};
+use infera_e2e::{Cluster, TestNamespace, eventually};
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
@@ -79,15 +80,30 @@ async fn events(cluster: &Cluster, ns: &str, reason: &str) -> Vec<String> {
         .collect()
 }
 
+/// `manifest` applied in a fresh namespace (deleted when the guard drops), ready, its
+/// gateway on a NodePort routing to `workers` workers.
+async fn deployed(
+    prefix: &str,
+    name: &str,
+    manifest: &str,
+    workers: usize,
+) -> (Cluster, TestNamespace, Gateway) {
+    let cluster = Cluster::connect().await.unwrap();
+    let ns = cluster.namespace(prefix).await.unwrap();
+    cluster.apply(&ns.name, manifest).await.unwrap();
+    cluster.wait_ready(&ns.name, name).await.unwrap();
+    let gateway = cluster
+        .gateway_on_node_port(&ns.name, name, workers)
+        .await
+        .unwrap();
+    (cluster, ns, gateway)
+}
+
 #[tokio::test]
 async fn a_step_load_scales_out_meets_its_ttft_target_then_scales_back_in() {
-    let cluster = Cluster::connect().await.unwrap();
-    let ns = cluster.namespace("e2e-autoscale").await.unwrap();
-    let ns = ns.name.clone();
     let name = "auto";
-    cluster.apply(&ns, &autoscaled(name)).await.unwrap();
-    cluster.wait_ready(&ns, name).await.unwrap();
-    let gateway = cluster.gateway_on_node_port(&ns, name, 1).await.unwrap();
+    let (cluster, guard, gateway) = deployed("e2e-autoscale", name, &autoscaled(name), 1).await;
+    let ns = guard.name.clone();
     let model = format!("{name}-model");
 
     // The base load: two clients fit one worker's two seats; nothing changes.
@@ -423,13 +439,10 @@ async fn step(
 
 #[tokio::test]
 async fn prefill_load_scales_only_prefill_and_decode_load_only_decode() {
-    let cluster = Cluster::connect().await.unwrap();
-    let ns = cluster.namespace("e2e-autoscale-pd").await.unwrap();
-    let ns = ns.name.clone();
     let name = "auto-pd";
-    cluster.apply(&ns, &autoscaled_pd(name)).await.unwrap();
-    cluster.wait_ready(&ns, name).await.unwrap();
-    let gateway = cluster.gateway_on_node_port(&ns, name, 2).await.unwrap();
+    let (cluster, guard, gateway) =
+        deployed("e2e-autoscale-pd", name, &autoscaled_pd(name), 2).await;
+    let ns = guard.name.clone();
     let model = format!("{name}-model");
     let mut reports = Vec::new();
 

@@ -168,9 +168,11 @@ async fn run(cluster: &Cluster, ns: &str, name: &str, replicas: u32, autoscaled:
         "seconds": total,
         "worker_hours": worker_seconds / 3600.0,
         "failed": failed,
-        "scale_out_s": first(&samples, starts[1], |s| s.1 > initial),
-        "scaled_out_ready_s": first(&samples, starts[1], |s| s.1 > initial && s.2 >= s.1),
-        "scale_in_s": first(&samples, starts[2], |s| s.1 == initial),
+        // A fixed fleet never changes: no reaction to time.
+        "scale_out_s": first(&samples, starts[1], |s| s.1 > initial).filter(|_| autoscaled),
+        "scaled_out_ready_s": first(&samples, starts[1], |s| s.1 > initial && s.2 >= s.1)
+            .filter(|_| autoscaled),
+        "scale_in_s": first(&samples, starts[2], |s| s.1 == initial).filter(|_| autoscaled),
         "phases": phases,
     });
     cluster.delete_deployment(ns, name).await.unwrap();

@@ -74,8 +74,12 @@ pub struct InferaDeploymentSpec {
     /// Where engine pods run.
     #[serde(default)]
     pub scheduling: SchedulingSpec,
-    /// Size the workers on latency targets (the operator's autoscaler); unset: the
-    /// workers are what `replicas` says.
+    /// Size the workers on latency targets: the operator scrapes the gateways' and the
+    /// engines' `/metrics` and sets `replicas` (mixed) or `serving.roleReplicas`
+    /// (disaggregated, each role apart) between minReplicas and maxReplicas. While a
+    /// HorizontalPodAutoscaler targets this deployment's `/scale`, the operator stands
+    /// down (condition Autoscaling: StoodDown). Unset: the workers are what `replicas`
+    /// says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<AutoscalingSpec>,
 }

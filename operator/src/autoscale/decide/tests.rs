@@ -161,41 +161,30 @@ fn reasons_name_the_signal_and_the_target() {
 
 #[test]
 fn prefill_load_scales_prefill_and_decode_load_scales_decode() {
-    let p = policy();
-    // Long prompts: prefill queues, TTFT over target, decode streams at its target.
-    let s = signals(
-        Some(1.5),
-        Some(0.047),
-        vec![role(Role::Prefill, 1, 3.0), role(Role::Decode, 2, 0.0)],
-    );
-    let (d, _) = decide(&p, &s, &History::new(), 0.0);
-    assert_eq!(
-        (desired(&d, Role::Prefill), desired(&d, Role::Decode)),
-        (2, 2)
-    );
-    // Long answers: decode's seats are full and its queue grows; TTFT counts for decode
-    // (its queue delays the first token), prefill stays.
-    let s = signals(
-        Some(1.5),
-        Some(0.02),
-        vec![role(Role::Prefill, 1, 0.0), role(Role::Decode, 2, 6.0)],
-    );
-    let (d, _) = decide(&p, &s, &History::new(), 0.0);
-    assert_eq!(
-        (desired(&d, Role::Prefill), desired(&d, Role::Decode)),
-        (1, 4)
-    );
-    // Slow tokens are decode's.
-    let s = signals(
-        Some(0.2),
-        Some(0.1),
-        vec![role(Role::Prefill, 1, 0.0), role(Role::Decode, 2, 0.0)],
-    );
-    let (d, _) = decide(&p, &s, &History::new(), 0.0);
-    assert_eq!(
-        (desired(&d, Role::Prefill), desired(&d, Role::Decode)),
-        (1, 4)
-    );
+    // (what, ttft, itl, prefill waiting, decode waiting) -> (prefill, decode), from
+    // 1 prefill and 2 decode workers.
+    let table = [
+        // Long prompts: prefill queues, TTFT over target, decode streams at its target.
+        ("prefill-bound", Some(1.5), Some(0.047), 3.0, 0.0, (2, 2)),
+        // Long answers: decode's seats are full and its queue grows; TTFT counts for
+        // decode (its queue delays the first token), prefill stays.
+        ("decode-bound", Some(1.5), Some(0.02), 0.0, 6.0, (1, 4)),
+        // Slow tokens are decode's.
+        ("slow tokens", Some(0.2), Some(0.1), 0.0, 0.0, (1, 4)),
+    ];
+    for (what, ttft, itl, prefill, decode, want) in table {
+        let s = signals(
+            ttft,
+            itl,
+            vec![
+                role(Role::Prefill, 1, prefill),
+                role(Role::Decode, 2, decode),
+            ],
+        );
+        let (d, _) = decide(&policy(), &s, &History::new(), 0.0);
+        let got = (desired(&d, Role::Prefill), desired(&d, Role::Decode));
+        assert_eq!(got, want, "{what}: {d:?}");
+    }
 }
 
 #[test]
