@@ -181,6 +181,18 @@ fn pressures(targets: &AutoscalingTargets, signals: &Signals, role: &RoleSignals
     out
 }
 
+/// Whether `role` misses a latency target by more than the tolerance: its workers are
+/// saturated, so what each runs now is what it can hold.
+pub fn over_latency_target(
+    targets: &AutoscalingTargets,
+    signals: &Signals,
+    role: &RoleSignals,
+) -> bool {
+    pressures(targets, signals, role)
+        .iter()
+        .any(|p| !p.spreads() && p.ratio() > 1.0 + TOLERANCE)
+}
+
 /// The workers one look alone would give `role`, and why.
 pub fn recommend(policy: &Policy, signals: &Signals, role: &RoleSignals) -> (u32, String) {
     let current = role.current;

@@ -209,7 +209,6 @@ impl Autoscaler {
         let (ttft_p90, itl_p90) = interval_latency(&gateways, &memory.gateways);
         memory.gateways = gateways.into_iter().collect();
         let status = idep.status.clone().unwrap_or_default();
-        learn_seats(&mut memory.seats, &engines);
         let settle = 2 * Duration::from_secs(u64::from(spec.interval_seconds));
         let roles: Vec<RoleSignals> = current
             .iter()
@@ -227,12 +226,22 @@ impl Autoscaler {
                 s
             })
             .collect();
-        let signals = Signals {
+        let mut signals = Signals {
             ttft_p90,
             itl_p90,
             rollout: idep.metadata.generation != status.observed_generation,
             roles,
         };
+        let saturated: Vec<Role> = signals
+            .roles
+            .iter()
+            .filter(|r| decide::over_latency_target(&spec.targets, &signals, r))
+            .map(|r| r.role)
+            .collect();
+        learn_seats(&mut memory.seats, &engines, &saturated);
+        for r in &mut signals.roles {
+            r.seats = memory.seats.get(&r.role).copied();
+        }
         let observed = observed(&signals, &engines);
         let answered = engines.iter().any(|(_, l)| l.is_some());
         let policy = Policy {
@@ -462,12 +471,19 @@ fn interval_latency(
 }
 
 /// Remembers, per role, the most requests a worker ran while requests waited in its
-/// queue: what one worker holds at once.
-fn learn_seats(seats: &mut HashMap<Role, f64>, engines: &[(Role, Option<signals::EngineLoad>)]) {
+/// queue, or while the role missed a latency target (`saturated`; a prefill worker's
+/// queue empties at every step, so only its latency shows it full): what one worker
+/// holds at once.
+fn learn_seats(
+    seats: &mut HashMap<Role, f64>,
+    engines: &[(Role, Option<signals::EngineLoad>)],
+    saturated: &[Role],
+) {
     for (role, load) in engines {
         let Some(load) = load else { continue };
-        if let (Some(waiting), Some(running)) = (load.waiting, load.running)
-            && waiting > 0.0
+        let full = load.waiting.unwrap_or(0.0) > 0.0 || saturated.contains(role);
+        if let Some(running) = load.running
+            && full
             && running > 0.0
         {
             let seen = seats.entry(*role).or_insert(running);
@@ -736,14 +752,24 @@ mod tests {
         };
         let mut seats = HashMap::new();
         // Running 3 without a queue says nothing of the limit.
-        learn_seats(&mut seats, &[(Role::Mixed, load(0.0, 3.0))]);
+        learn_seats(&mut seats, &[(Role::Mixed, load(0.0, 3.0))], &[]);
         assert!(seats.is_empty());
         learn_seats(
             &mut seats,
             &[(Role::Mixed, load(2.0, 2.0)), (Role::Decode, None)],
+            &[],
         );
-        learn_seats(&mut seats, &[(Role::Mixed, load(1.0, 4.0))]);
-        learn_seats(&mut seats, &[(Role::Mixed, load(5.0, 1.0))]);
+        learn_seats(&mut seats, &[(Role::Mixed, load(1.0, 4.0))], &[]);
+        learn_seats(&mut seats, &[(Role::Mixed, load(5.0, 1.0))], &[]);
         assert_eq!(seats, HashMap::from([(Role::Mixed, 4.0)]));
+        // No queue, but over a latency target: full too (a prefill worker).
+        learn_seats(&mut seats, &[(Role::Prefill, load(0.0, 2.0))], &[]);
+        assert!(!seats.contains_key(&Role::Prefill));
+        learn_seats(
+            &mut seats,
+            &[(Role::Prefill, load(0.0, 2.0))],
+            &[Role::Prefill],
+        );
+        assert_eq!(seats.get(&Role::Prefill), Some(&2.0));
     }
 }

@@ -107,6 +107,15 @@ fn scale_in_never_goes_below_what_requests_in_flight_need() {
 }
 
 #[test]
+fn a_missed_latency_target_marks_the_role_saturated_a_queue_does_not() {
+    let p = policy();
+    let s = signals(Some(1.0), None, vec![role(Role::Prefill, 1, 0.0)]);
+    assert!(over_latency_target(&p.targets, &s, &s.roles[0]));
+    let s = signals(Some(0.52), None, vec![role(Role::Prefill, 1, 9.0)]);
+    assert!(!over_latency_target(&p.targets, &s, &s.roles[0]));
+}
+
+#[test]
 fn latency_alone_lets_one_worker_leave_at_a_time() {
     let p = Policy {
         targets: AutoscalingTargets {
