@@ -128,7 +128,8 @@ impl Pressure {
     }
 }
 
-fn round(v: f64) -> f64 {
+/// `v` to three decimals, as reasons and `status.autoscaling` show it.
+pub(crate) fn round(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
 }
 

@@ -16,7 +16,7 @@ use crate::api::{
     PDTopology, ServingMode,
 };
 use crate::render::names::Role;
-use decide::{History, Policy, RoleDecision, RoleSignals, Signals, decide};
+use decide::{History, Policy, RoleDecision, RoleSignals, Signals, decide, round};
 use futures::StreamExt;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -531,33 +531,24 @@ fn role_signals(
 
 fn observed(signals: &Signals, engines: &[(Role, Option<signals::EngineLoad>)]) -> ObservedSignals {
     ObservedSignals {
-        ttft_p90_seconds: signals.ttft_p90.map(round3),
-        itl_p90_seconds: signals.itl_p90.map(round3),
+        ttft_p90_seconds: signals.ttft_p90.map(round),
+        itl_p90_seconds: signals.itl_p90.map(round),
         roles: signals
             .roles
             .iter()
-            .map(|r| {
-                let loads: Vec<_> = engines
+            .map(|r| ObservedRole {
+                role: r.role.as_str().into(),
+                replicas: r.current,
+                scraped: engines
                     .iter()
                     .filter(|(role, l)| *role == r.role && l.is_some())
-                    .filter_map(|(_, l)| *l)
-                    .collect();
-                let running: Vec<f64> = loads.iter().filter_map(|l| l.running).collect();
-                ObservedRole {
-                    role: r.role.as_str().into(),
-                    replicas: r.current,
-                    scraped: loads.len() as u32,
-                    waiting_per_worker: r.waiting.map(|w| round3(w / f64::from(r.current.max(1)))),
-                    running: (!running.is_empty()).then(|| running.iter().sum()),
-                    kv_usage: r.kv_usage.map(round3),
-                }
+                    .count() as u32,
+                waiting_per_worker: r.waiting.map(|w| round(w / f64::from(r.current.max(1)))),
+                running: r.running,
+                kv_usage: r.kv_usage.map(round),
             })
             .collect(),
     }
-}
-
-fn round3(v: f64) -> f64 {
-    (v * 1000.0).round() / 1000.0
 }
 
 fn summary(decisions: &[RoleDecision]) -> String {
