@@ -114,8 +114,10 @@ async fn s9_small_moves_every_broken_stream_over_both_transports_without_losing_
     }
 }
 
-/// S8's ladder with a peer router on the same fleet, each router pinned to its own
-/// core: every policy and the peer at every rate, goodput and CPU for each, knees found.
+/// S8's ladders with a peer router on the same fleet, each router pinned to its own
+/// core: every policy and the peer at every rate of both workloads, goodput and CPU for
+/// each, knees found; conversations carry the engine's answers, so a session-affine
+/// router reuses them.
 #[test]
 fn s8_small_runs_every_policy_and_a_peer_router_side_by_side() {
     let python = infera_testkit::python_tools::python_with("sglang-router==0.3.2").unwrap();
@@ -146,19 +148,28 @@ fn s8_small_runs_every_policy_and_a_peer_router_side_by_side() {
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("s8.json")).unwrap())
             .unwrap();
     let runs = report["runs"].as_array().unwrap();
-    let names: Vec<(&str, f64)> = runs
+    let names: Vec<(&str, &str, f64)> = runs
         .iter()
-        .map(|r| (r["policy"].as_str().unwrap(), r["rate"].as_f64().unwrap()))
+        .map(|r| {
+            (
+                r["workload"].as_str().unwrap(),
+                r["policy"].as_str().unwrap(),
+                r["rate"].as_f64().unwrap(),
+            )
+        })
         .collect();
+    let policies = [
+        "round-robin",
+        "kv-aware-w4",
+        "kv-aware-approximate-w4",
+        "external:sglang",
+    ];
     let mut expected = Vec::new();
-    for rate in [8.0, 32.0] {
-        for p in [
-            "round-robin",
-            "kv-aware-w4",
-            "kv-aware-approximate-w4",
-            "external:sglang",
-        ] {
-            expected.push((p, rate));
+    for workload in ["shared-prefix", "sessions"] {
+        for rate in [8.0, 32.0] {
+            for p in policies {
+                expected.push((workload, p, rate));
+            }
         }
     }
     assert_eq!(names, expected);
@@ -175,18 +186,27 @@ fn s8_small_runs_every_policy_and_a_peer_router_side_by_side() {
         );
         assert!(r["driver_cpu_share"].as_f64().unwrap() > 0.0, "{r}");
     }
-    let verdicts = &report["verdicts"];
-    assert_eq!(verdicts["baseline"], "external:sglang", "{verdicts}");
-    for p in [
-        "round-robin",
-        "kv-aware-w4",
-        "kv-aware-approximate-w4",
-        "external:sglang",
-    ] {
-        assert!(verdicts["knees"].get(p).is_some(), "{verdicts}");
-    }
+    // 8 conversations of 3 turns, all in KV: kv-aware keeps each on its worker and
+    // reuses its answers (with simulated answers in their place it could reach 75% of
+    // the oracle at most).
+    let sessions = runs
+        .iter()
+        .find(|r| r["workload"] == "sessions" && r["policy"] == "kv-aware-w4" && r["rate"] == 8.0)
+        .unwrap();
+    assert_eq!(sessions["requests"], 24, "{sessions}");
     assert!(
-        verdicts["ours"]["kv-aware-w4"]["at_knee"].is_object(),
-        "{verdicts}"
+        sessions["hit_vs_oracle"].as_f64().unwrap() >= 0.9,
+        "{sessions}"
     );
+    for workload in ["shared-prefix", "sessions"] {
+        let verdicts = &report["verdicts"][workload];
+        assert_eq!(verdicts["baseline"], "external:sglang", "{verdicts}");
+        for p in policies {
+            assert!(verdicts["knees"].get(p).is_some(), "{verdicts}");
+        }
+        assert!(
+            verdicts["ours"]["kv-aware-w4"]["at_knee"].is_object(),
+            "{verdicts}"
+        );
+    }
 }

@@ -54,6 +54,8 @@ pub struct Outcome {
     pub cached_tokens: u64,
     /// `usage.completion_tokens`.
     pub output_tokens: u64,
+    /// The answer's text: what a client appends to a conversation's history.
+    pub text: String,
     /// What went wrong.
     pub error: Option<String>,
 }
@@ -69,13 +71,13 @@ fn read_usage(out: &mut Outcome, v: &Value) {
     }
 }
 
-fn has_token(v: &Value) -> bool {
+/// The text of a completion or chat answer, or of one streamed chunk of either.
+fn answer_text(v: &Value) -> Option<&str> {
     let choice = &v["choices"][0];
-    choice["text"].as_str().is_some_and(|t| !t.is_empty())
-        || choice
-            .pointer("/delta/content")
-            .and_then(Value::as_str)
-            .is_some_and(|t| !t.is_empty())
+    ["/text", "/delta/content", "/message/content"]
+        .iter()
+        .find_map(|p| choice.pointer(p).and_then(Value::as_str))
+        .filter(|t| !t.is_empty())
 }
 
 /// POSTs `body` to `url` and measures it; `body.stream` decides the mode.
@@ -108,6 +110,7 @@ pub async fn send(client: &reqwest::Client, url: &str, body: &Value) -> Outcome 
         match resp.json::<Value>().await {
             Ok(v) => {
                 read_usage(&mut out, &v);
+                out.text = answer_text(&v).unwrap_or_default().to_owned();
                 out.ok = true;
             }
             Err(e) => out.error = Some(e.to_string()),
@@ -142,7 +145,8 @@ pub async fn send(client: &reqwest::Client, url: &str, body: &Value) -> Outcome 
                 if v.get("error").is_some() {
                     out.error = Some(v["error"].to_string());
                 }
-                if has_token(&v) {
+                if let Some(token) = answer_text(&v) {
+                    out.text.push_str(token);
                     let now = Instant::now();
                     match last {
                         None => out.ttft = Some(now.duration_since(started).as_secs_f64()),
@@ -171,56 +175,120 @@ pub async fn open_loop(
 ) -> Vec<Outcome> {
     let mut rng = Rng::new(seed);
     let total = bodies.len();
-    let done = Arc::new(AtomicUsize::new(0));
+    let progress = Progress::start(label, total);
     let started = Instant::now();
     let mut at = 0.0;
     let mut tasks = tokio::task::JoinSet::new();
-    let progress = spawn_progress(label.to_owned(), total, done.clone());
     for (i, body) in bodies.into_iter().enumerate() {
         at += rng.exp(rate);
         tokio::time::sleep_until((started + Duration::from_secs_f64(at)).into()).await;
-        let (client, url, done) = (client.clone(), urls[i % urls.len()].clone(), done.clone());
+        let (client, url, done) = (
+            client.clone(),
+            urls[i % urls.len()].clone(),
+            progress.counter(),
+        );
         tasks.spawn(async move {
             let o = send(&client, &url, &body).await;
             done.fetch_add(1, Ordering::Relaxed);
             (i, o)
         });
     }
-    let mut out = vec![Outcome::default(); total];
-    while let Some(r) = tasks.join_next().await {
-        if let Ok((i, o)) = r {
-            out[i] = o;
-        }
-    }
-    progress.abort();
-    eprintln!(
-        "\r[{label}] {total}/{total} done in {:.1} s          ",
-        started.elapsed().as_secs_f64()
-    );
+    let out = join_indexed(tasks, total).await;
+    progress.finish();
     out
 }
 
-/// A progress line on stderr while requests run (redrawn on a terminal).
-pub fn spawn_progress(
+/// Waits for `tasks`, each returning its index below `n` and its result; the results in
+/// index order (a task that panicked leaves the default in its place).
+pub async fn join_indexed<T>(mut tasks: tokio::task::JoinSet<(usize, T)>, n: usize) -> Vec<T>
+where
+    T: Default + Clone + Send + 'static,
+{
+    let mut out = vec![T::default(); n];
+    while let Some(r) = tasks.join_next().await {
+        if let Ok((i, v)) = r
+            && let Some(slot) = out.get_mut(i)
+        {
+            *slot = v;
+        }
+    }
+    out
+}
+
+/// A progress line on stderr while requests run (redrawn on a terminal), then the
+/// total and the time taken.
+pub struct Progress {
     label: String,
     total: usize,
     done: Arc<AtomicUsize>,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let tty = std::io::stderr().is_terminal();
-        let mut tick = tokio::time::interval(Duration::from_millis(if tty { 250 } else { 5000 }));
-        loop {
-            tick.tick().await;
-            let n = done.load(Ordering::Relaxed);
-            let width = 30;
-            let filled = (n * width).checked_div(total).unwrap_or(width);
-            let bar: String = "#".repeat(filled) + &"-".repeat(width - filled);
-            if tty {
-                eprint!("\r[{label}] [{bar}] {n}/{total}");
-                let _ = std::io::stderr().flush();
-            } else {
-                eprintln!("[{label}] {n}/{total}");
-            }
+    started: Instant,
+    line: tokio::task::JoinHandle<()>,
+}
+
+impl Progress {
+    /// Starts drawing `label`'s line for `total` requests.
+    pub fn start(label: &str, total: usize) -> Self {
+        let done = Arc::new(AtomicUsize::new(0));
+        let line = tokio::spawn(draw(label.to_owned(), total, done.clone()));
+        Progress {
+            label: label.to_owned(),
+            total,
+            done,
+            started: Instant::now(),
+            line,
         }
-    })
+    }
+
+    /// The counter a request adds one to when it is done.
+    pub fn counter(&self) -> Arc<AtomicUsize> {
+        self.done.clone()
+    }
+
+    /// Stops the line and prints the final count.
+    pub fn finish(self) {
+        self.line.abort();
+        eprintln!(
+            "\r[{}] {total}/{total} done in {:.1} s          ",
+            self.label,
+            self.started.elapsed().as_secs_f64(),
+            total = self.total,
+        );
+    }
+}
+
+async fn draw(label: String, total: usize, done: Arc<AtomicUsize>) {
+    let tty = std::io::stderr().is_terminal();
+    let mut tick = tokio::time::interval(Duration::from_millis(if tty { 250 } else { 5000 }));
+    loop {
+        tick.tick().await;
+        let n = done.load(Ordering::Relaxed);
+        let width = 30;
+        let filled = (n * width).checked_div(total).unwrap_or(width);
+        let bar: String = "#".repeat(filled) + &"-".repeat(width - filled);
+        if tty {
+            eprint!("\r[{label}] [{bar}] {n}/{total}");
+            let _ = std::io::stderr().flush();
+        } else {
+            eprintln!("[{label}] {n}/{total}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn answer_text_reads_completions_chat_and_their_chunks() {
+        let completion = json!({"choices": [{"text": "Hello"}]});
+        let chunk = json!({"choices": [{"delta": {"content": " world"}}]});
+        let chat = json!({"choices": [{"message": {"content": "Hi"}}]});
+        assert_eq!(answer_text(&completion), Some("Hello"));
+        assert_eq!(answer_text(&chunk), Some(" world"));
+        assert_eq!(answer_text(&chat), Some("Hi"));
+        let role_only = json!({"choices": [{"delta": {"role": "assistant", "content": ""}}]});
+        assert_eq!(answer_text(&role_only), None, "no token in a role chunk");
+        assert_eq!(answer_text(&json!({"usage": {}})), None);
+    }
 }

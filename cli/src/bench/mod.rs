@@ -7,6 +7,7 @@ pub mod cpu;
 pub mod driver;
 pub mod external;
 pub mod fleet;
+pub mod ladder;
 pub mod report;
 pub mod s1;
 pub mod s2;
@@ -73,12 +74,16 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',')]
     pub policies: Vec<String>,
     /// Only these arrival rates (comma-separated, H200-equivalent req/s), in place of
-    /// the size's ladder (S1, S2, S8, S9).
+    /// the size's ladder (S1, S2, S8's ladders, S9).
     #[arg(long, value_delimiter = ',')]
     pub rates: Vec<f64>,
     /// etcd client URL (S5 writes worker records there).
     #[arg(long, value_name = "URL")]
     pub etcd: Option<String>,
+    /// S8: only these workloads (comma-separated: `shared-prefix`, `sessions`); both
+    /// by default.
+    #[arg(long, value_delimiter = ',', value_enum)]
+    pub workload: Vec<s8::Workload>,
     /// S6: which part, `all`, `ram` or `tiers`.
     #[arg(long, default_value = "all", value_parser = ["all", "ram", "tiers"])]
     pub s6_part: String,
@@ -237,6 +242,15 @@ fn machine() -> Value {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .unwrap_or(0);
     json!({"cpu": model, "cores": cores, "memory_gib": mem_kb / (1024 * 1024)})
+}
+
+/// A ladder row's name: its policy, and its workload unless that is S2's.
+fn run_name(r: &Value) -> String {
+    let policy = r["policy"].as_str().unwrap_or("");
+    match r["workload"].as_str() {
+        Some(w) if w != "shared-prefix" => format!("{policy} ({w})"),
+        _ => policy.to_owned(),
+    }
 }
 
 fn rows(id: &str, result: &Value) -> (Vec<&'static str>, Vec<Vec<String>>) {
@@ -466,7 +480,7 @@ fn rows(id: &str, result: &Value) -> (Vec<&'static str>, Vec<Vec<String>>) {
             runs.iter()
                 .map(|r| {
                     vec![
-                        r["policy"].as_str().unwrap_or("").to_owned(),
+                        run_name(r),
                         num(&r["rate"]),
                         num(&r["ttft_s"]["p50"]),
                         num(&r["ttft_s"]["p90"]),
@@ -606,7 +620,7 @@ fn plot(id: &str, title: &str, result: &Value) -> String {
                     "unary".to_owned()
                 }
             }
-            _ => r[key].as_str().unwrap_or("").to_owned(),
+            _ => run_name(r),
         };
         let point = (r["rate"].as_f64().unwrap_or(0.0), y(r));
         match series.iter_mut().find(|(n, _)| *n == name) {
@@ -662,6 +676,9 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             bail!("--rates: scenario {} has no arrival-rate ladder", file.id);
         }
         size["rates"] = json!(args.rates);
+        if size.get("sessions").is_some() {
+            size["sessions"]["rates"] = json!(args.rates);
+        }
     }
     let size = &size;
     let peers: Vec<under_test::PeerRouter> = args
@@ -707,11 +724,17 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             .await?
         }
         Scenario::S8 => {
+            let workloads = if args.workload.is_empty() {
+                vec![s8::Workload::SharedPrefix, s8::Workload::Sessions]
+            } else {
+                args.workload.clone()
+            };
             s8::run(
                 &ctx,
                 &serde_json::from_value(size.clone())?,
                 &policies,
                 &file.profile,
+                &workloads,
             )
             .await?
         }

@@ -2,16 +2,14 @@
 //! throughput, cluster hit ratio against the oracle, load spread.
 
 use super::Ctx;
-use super::cpu::threads_cpu;
-use super::driver::{Outcome, open_loop};
-use super::fleet::{Fleet, MODEL, SimSpec};
-use super::stats::{quantile, spread, summary};
-use super::under_test::{UnderTest, fleet_setup};
+use super::driver::open_loop;
+use super::fleet::MODEL;
+use super::ladder::{Slo, mixed_fleet, row, step};
+use super::stats::quantile;
 use super::workload::{oracle_hit_ratio, shared_prefix};
 use anyhow::Result;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use std::time::Instant;
 
 /// Sizes of S2.
 #[derive(Debug, Clone, Deserialize)]
@@ -42,20 +40,20 @@ fn default_itl_slo() -> f64 {
     0.05
 }
 
-/// Whether a request met the latency targets (times measured at `speedup`).
-fn good(o: &Outcome, size: &Size) -> bool {
-    let mean_itl = if o.itls.is_empty() {
-        0.0
-    } else {
-        o.itls.iter().sum::<f64>() / o.itls.len() as f64
-    };
-    o.ok && o.ttft.is_some_and(|t| t * size.speedup <= size.ttft_slo_s)
-        && mean_itl * size.speedup <= size.itl_slo_s
+impl Size {
+    /// The latency targets of goodput.
+    pub fn slo(&self) -> Slo {
+        Slo {
+            ttft_s: self.ttft_slo_s,
+            itl_s: self.itl_slo_s,
+        }
+    }
 }
 
 /// Runs S2.
 pub async fn run(ctx: &Ctx, size: &Size, policies: &[String], profile: &str) -> Result<Value> {
-    let client = super::driver::client()?;
+    // Fresh connections, so that routers are compared on routing (see S8).
+    let client = super::driver::client_per_request()?;
     let runs = ladder("s2", &client, ctx, size, policies, profile).await?;
     Ok(json!({"verdicts": verdicts(&runs), "runs": runs}))
 }
@@ -86,86 +84,29 @@ pub async fn ladder(
                         "stream": true, "stream_options": {"include_usage": true}})
         })
         .collect();
+    let sims = mixed_fleet(
+        size.workers,
+        size.kv_tokens_per_worker / 16,
+        size.speedup,
+        profile,
+    );
     let mut runs = Vec::new();
     for &rate in &size.rates {
         for policy in policies {
-            let (flags, gateways, kv_events) = fleet_setup(policy)?;
-            let sims: Vec<SimSpec> = (0..size.workers)
-                .map(|_| SimSpec {
-                    kv_blocks: size.kv_tokens_per_worker / 16,
-                    speedup: size.speedup,
-                    profile: profile.to_owned(),
-                    pd: None,
-                    kv_events,
-                    transfer_gbytes_per_s: 170.0,
-                })
-                .collect();
-            let fleet = Fleet::start(&sims, gateways, &flags).await?;
-            let mut router = UnderTest::start(
-                policy,
-                &ctx.peers,
-                &fleet,
-                ctx.pin.as_ref(),
-                "/v1/completions",
-            )
-            .await?;
-            let (drv0, sim0, t0) = (
-                threads_cpu("infera-drv"),
-                threads_cpu("infera-sim"),
-                Instant::now(),
-            );
             let label = format!("{scenario} {policy} @ {rate}/s");
-            let outcomes = open_loop(
-                client,
-                &router.urls,
-                bodies.clone(),
-                rate * size.speedup,
-                ctx.seed,
-                &label,
-            )
-            .await;
-            let wall = t0.elapsed().as_secs_f64();
-            let router_cpu = router.take_cpu();
-            router.stop().await;
-            let sim_cpu = threads_cpu("infera-sim").saturating_sub(sim0).as_secs_f64();
-            let driver_cpu = threads_cpu("infera-drv").saturating_sub(drv0).as_secs_f64();
-            let served: Vec<f64> = fleet.served().into_iter().map(|n| n as f64).collect();
-            fleet.shutdown().await;
-            let ok: Vec<_> = outcomes.iter().filter(|o| o.ok).collect();
-            // Goodput: the arrival rate times the share of requests that met the targets.
-            let good_share = outcomes.iter().filter(|o| good(o, size)).count() as f64
-                / outcomes.len().max(1) as f64;
-            let ttft: Vec<f64> = ok.iter().filter_map(|o| o.ttft).collect();
-            let itl: Vec<f64> = ok.iter().flat_map(|o| o.itls.iter().copied()).collect();
-            let prompt: u64 = ok.iter().map(|o| o.prompt_tokens).sum();
-            let cached: u64 = ok.iter().map(|o| o.cached_tokens).sum();
-            let output: u64 = ok.iter().map(|o| o.output_tokens).sum();
-            let hit = if prompt == 0 {
-                0.0
-            } else {
-                cached as f64 / prompt as f64
-            };
-            runs.push(json!({
-                "policy": policy,
-                "rate": rate,
-                "requests": outcomes.len(),
-                "errors": outcomes.len() - ok.len(),
-                "ttft_s": summary(&ttft, size.speedup),
-                "itl_s": summary(&itl, size.speedup),
-                "output_tok_per_s": output as f64 / (wall * size.speedup),
-                "hit_ratio": hit,
-                "oracle_hit_ratio": oracle,
-                "hit_vs_oracle": if oracle > 0.0 { hit / oracle } else { 0.0 },
-                "load_spread": spread(&served),
-                "requests_per_worker": served,
-                "gateway_cpu_us_per_request": router_cpu * 1e6 / outcomes.len().max(1) as f64,
-                "router_cpu_share": router_cpu / wall,
-                "goodput_req_s": rate * good_share,
-                "good_share": good_share,
-                "driver_cpu_share": driver_cpu / wall,
-                "sim_cpu_s": sim_cpu,
-                "wall_s": wall,
-            }));
+            let bodies = bodies.clone();
+            let step = step(ctx, policy, &sims, "/v1/completions", |urls| async move {
+                open_loop(client, &urls, bodies, rate * size.speedup, ctx.seed, &label).await
+            })
+            .await?;
+            runs.push(Value::Object(row(
+                policy,
+                rate,
+                &step,
+                size.speedup,
+                size.slo(),
+                oracle,
+            )));
         }
     }
     Ok(runs)

@@ -1,24 +1,79 @@
-//! S8 routing at the knee: S2's shared-prefix workload on a fleet run slower than real
-//! time (`speedup` below 1), so the machine can drive it past saturation; every policy
-//! and every peer router at each rate. The verdicts find each router's knee and compare
-//! Infera's kv-aware policies with the best peer there and below it (pure, on the rows).
+//! S8 routing at the knee: S2's shared-prefix workload and S3's multi-turn sessions on a
+//! fleet run slower than real time (`speedup` below 1), so the machine can drive it past
+//! saturation; every policy and every peer router at each rate. The verdicts find each
+//! router's knee and compare Infera's kv-aware policies with the best peer there and
+//! below it (pure, on the rows), for each workload.
 
 use super::Ctx;
-use super::s2::{Size, ladder};
+use super::s2::ladder;
+use super::s3::{SessionsSize, sessions_ladder};
 use super::under_test::EXTERNAL;
-use anyhow::Result;
+use anyhow::{Result, bail};
+use serde::Deserialize;
 use serde_json::{Value, json};
+
+/// Sizes of S8: S2's sizes for the shared-prefix ladder, and the sessions ladder's.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Size {
+    #[serde(flatten)]
+    shared_prefix: super::s2::Size,
+    sessions: Option<SessionsSize>,
+}
+
+/// S8's workloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Workload {
+    /// S2's groups of prompts sharing a long system prompt.
+    SharedPrefix,
+    /// S3's multi-turn conversations, arriving as sessions.
+    Sessions,
+}
+
+impl Workload {
+    /// Its name in rows and verdicts.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::SharedPrefix => "shared-prefix",
+            Workload::Sessions => "sessions",
+        }
+    }
+}
 
 /// A router's knee: the highest rate at which at least this share of its requests met
 /// the latency targets.
 pub const KNEE_GOOD_SHARE: f64 = 0.9;
 
-/// Runs S8.
-pub async fn run(ctx: &Ctx, size: &Size, policies: &[String], profile: &str) -> Result<Value> {
+/// Runs S8's `workloads`.
+pub async fn run(
+    ctx: &Ctx,
+    size: &Size,
+    policies: &[String],
+    profile: &str,
+    workloads: &[Workload],
+) -> Result<Value> {
     // Every router is measured on fresh connections (see `client_per_request`).
     let client = super::driver::client_per_request()?;
-    let runs = ladder("s8", &client, ctx, size, policies, profile).await?;
-    Ok(json!({"verdicts": verdicts(&runs), "runs": runs}))
+    let mut runs = Vec::new();
+    let mut by_workload = serde_json::Map::new();
+    for &workload in workloads {
+        let mut rows = match workload {
+            Workload::SharedPrefix => {
+                ladder("s8", &client, ctx, &size.shared_prefix, policies, profile).await?
+            }
+            Workload::Sessions => {
+                let Some(sessions) = &size.sessions else {
+                    bail!("this S8 size has no sessions ladder");
+                };
+                sessions_ladder(&client, ctx, sessions, policies, profile).await?
+            }
+        };
+        for r in &mut rows {
+            r["workload"] = json!(workload.name());
+        }
+        by_workload.insert(workload.name().into(), verdicts(&rows));
+        runs.extend(rows);
+    }
+    Ok(json!({"verdicts": by_workload, "runs": runs}))
 }
 
 fn metric(runs: &[Value], policy: &str, rate: f64, path: &[&str]) -> Option<f64> {
