@@ -27,6 +27,9 @@ use tokio::runtime::Runtime;
 /// Model name every bench worker serves.
 pub const MODEL: &str = "bench-model";
 
+/// Tokens per KV block of every simulator.
+pub const BLOCK_TOKENS: usize = 16;
+
 /// One simulated worker.
 #[derive(Debug, Clone)]
 pub struct SimSpec {
@@ -77,7 +80,7 @@ fn worker_config(spec: &SimSpec, index: usize) -> Result<WorkerConfig> {
         engine: infera_proto::worker::EngineKind::Vllm,
         model: MODEL.into(),
         core: CoreConfig {
-            block_size: 16,
+            block_size: BLOCK_TOKENS,
             kv_blocks: spec.kv_blocks,
             max_num_batched_tokens: 8192,
             max_num_seqs: 256,

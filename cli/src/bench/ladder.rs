@@ -9,17 +9,29 @@ use super::fleet::{Fleet, SimSpec};
 use super::stats::{spread, summary};
 use super::under_test::{UnderTest, fleet_setup};
 use anyhow::Result;
+use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use std::future::Future;
 use std::time::Instant;
 
-/// Latency targets a good request meets (H200-equivalent seconds).
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// Latency targets a good request meets (H200-equivalent seconds), read from a size's
+/// `ttft_slo_s` and `itl_slo_s`.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
 pub struct Slo {
     /// Time to the first token at most this...
+    #[serde(rename = "ttft_slo_s", default = "default_ttft_slo")]
     pub ttft_s: f64,
     /// ...and a mean gap between tokens at most this.
+    #[serde(rename = "itl_slo_s", default = "default_itl_slo")]
     pub itl_s: f64,
+}
+
+fn default_ttft_slo() -> f64 {
+    2.0
+}
+
+fn default_itl_slo() -> f64 {
+    0.05
 }
 
 /// Whether a request met `slo`, its times measured on a fleet run at `speedup`.

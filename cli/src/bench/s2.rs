@@ -3,7 +3,7 @@
 
 use super::Ctx;
 use super::driver::open_loop;
-use super::fleet::MODEL;
+use super::fleet::{BLOCK_TOKENS, MODEL};
 use super::ladder::{Slo, mixed_fleet, row, step};
 use super::stats::quantile;
 use super::workload::{oracle_hit_ratio, shared_prefix};
@@ -24,30 +24,9 @@ pub struct Size {
     /// Arrival rates (H200-equivalent req/s).
     pub rates: Vec<f64>,
     speedup: f64,
-    /// Goodput counts requests with TTFT at most this (H200-equivalent s)...
-    #[serde(default = "default_ttft_slo")]
-    pub ttft_slo_s: f64,
-    /// ...and a mean gap between tokens at most this.
-    #[serde(default = "default_itl_slo")]
-    pub itl_slo_s: f64,
-}
-
-fn default_ttft_slo() -> f64 {
-    2.0
-}
-
-fn default_itl_slo() -> f64 {
-    0.05
-}
-
-impl Size {
-    /// The latency targets of goodput.
-    pub fn slo(&self) -> Slo {
-        Slo {
-            ttft_s: self.ttft_slo_s,
-            itl_s: self.itl_slo_s,
-        }
-    }
+    /// The latency targets of goodput (`ttft_slo_s`, `itl_slo_s`).
+    #[serde(flatten)]
+    slo: Slo,
 }
 
 /// Runs S2.
@@ -86,7 +65,7 @@ pub async fn ladder(
         .collect();
     let sims = mixed_fleet(
         size.workers,
-        size.kv_tokens_per_worker / 16,
+        size.kv_tokens_per_worker / BLOCK_TOKENS,
         size.speedup,
         profile,
     );
@@ -104,7 +83,7 @@ pub async fn ladder(
                 rate,
                 &step,
                 size.speedup,
-                size.slo(),
+                size.slo,
                 oracle,
             )));
         }

@@ -6,7 +6,7 @@
 
 use super::Ctx;
 use super::driver::{Outcome, Progress, join_indexed, send};
-use super::fleet::MODEL;
+use super::fleet::{BLOCK_TOKENS, MODEL};
 use super::ladder::{Slo, mixed_fleet, row, step};
 use super::stats::quantile;
 use super::workload::{Rng, text};
@@ -16,9 +16,6 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-
-/// The simulators' KV block size (tokens).
-const BLOCK: u64 = 16;
 
 /// One user's conversation.
 #[derive(Debug, Clone, Deserialize)]
@@ -55,8 +52,9 @@ pub struct SessionsSize {
     /// Request arrival rates: sessions start at `rate / turns` per second.
     pub rates: Vec<f64>,
     speedup: f64,
-    ttft_slo_s: f64,
-    itl_slo_s: f64,
+    /// The latency targets of goodput (`ttft_slo_s`, `itl_slo_s`).
+    #[serde(flatten)]
+    slo: Slo,
 }
 
 /// One user's turns against `url` on a fleet run at `speedup`, after `start`: each
@@ -129,7 +127,8 @@ async fn conversations(
 /// all but the last token of its answer), never the whole prompt (an engine computes at
 /// least its last token).
 fn reusable_by_turn(outcomes: &[Outcome], turns: usize) -> Vec<(u64, u64)> {
-    let floor = |tokens: u64| tokens / BLOCK * BLOCK;
+    let block = BLOCK_TOKENS as u64;
+    let floor = |tokens: u64| tokens / block * block;
     let mut by_turn = vec![(0, 0); turns];
     for conversation in outcomes.chunks(turns.max(1)) {
         for (t, o) in conversation.iter().enumerate() {
@@ -172,8 +171,10 @@ pub async fn run(ctx: &Ctx, size: &Size, policies: &[String], profile: &str) -> 
     let mut runs = Vec::new();
     for &fraction in &size.kv_fractions {
         for policy in policies {
-            let kv_blocks =
-                ((working_set as f64 * fraction) / size.workers as f64 / 16.0).ceil() as usize;
+            let kv_blocks = ((working_set as f64 * fraction)
+                / size.workers as f64
+                / BLOCK_TOKENS as f64)
+                .ceil() as usize;
             let fleet = mixed_fleet(size.workers, kv_blocks, size.speedup, profile);
             // Users start spread over one think time.
             let mut rng = Rng::new(ctx.seed);
@@ -255,14 +256,10 @@ pub async fn sessions_ladder(
     let c = &size.conversation;
     let fleet = mixed_fleet(
         size.workers,
-        size.kv_tokens_per_worker / 16,
+        size.kv_tokens_per_worker / BLOCK_TOKENS,
         size.speedup,
         profile,
     );
-    let slo = Slo {
-        ttft_s: size.ttft_slo_s,
-        itl_s: size.itl_slo_s,
-    };
     let mut runs = Vec::new();
     for &rate in &size.rates {
         // Sessions per second of real time that make `rate` requests per H200 second.
@@ -285,8 +282,7 @@ pub async fn sessions_ladder(
             })
             .await?;
             let oracle = sessions_oracle(&step.outcomes, c.turns);
-            let mut r = row(policy, rate, &step, size.speedup, slo, oracle);
-            r.insert("workload".into(), json!("sessions"));
+            let r = row(policy, rate, &step, size.speedup, size.slo, oracle);
             runs.push(Value::Object(r));
         }
     }
