@@ -304,8 +304,10 @@ async fn the_operator_stands_down_for_a_horizontal_pod_autoscaler() {
 /// TTFT p90 the disaggregated deployment keeps, seconds. A 4,000-token prompt takes
 /// about 0.14 s to prefill alone and 0.22 s with another beside it on a prefill worker's
 /// two seats; four at once wait a turn (about 0.46 s). Prefill's queue empties at each
-/// step, so its TTFT, not its queue gauge, shows the load; decode's queue (two waiting
-/// behind two seats at four clients) shows its.
+/// step, so TTFT, not its queue gauge, shows the load; decode's queue (two waiting
+/// behind two seats at four clients) shows its. Under decode-bound load the prefill
+/// legs stay quick (about 0.03 s), so a first token that waited for a decode seat
+/// never adds a prefill worker.
 const PD_TTFT_TARGET: f64 = 0.36;
 
 fn autoscaled_pd(name: &str) -> String {
@@ -390,8 +392,11 @@ async fn step(
     // and the scale-down window passes): the other role at one, the loaded one not
     // flapping back while the load still needs it.
     let hold_until = Instant::now() + Duration::from_secs(20);
+    let mut legs_seen = false;
     while Instant::now() < hold_until {
         let d = idep(cluster, ns, name).await.unwrap();
+        // The status shows how long the prefill legs took.
+        legs_seen |= autoscaling(&d)["observed"]["prefillP90Seconds"].is_f64();
         let counts = role_replicas(&d);
         assert_eq!(
             counts,
@@ -401,6 +406,10 @@ async fn step(
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    assert!(
+        legs_seen,
+        "{what}: no prefillP90Seconds in status.autoscaling.observed"
+    );
     let report = extra.stop().await;
     let halved = Instant::now();
     let back = eventually(

@@ -140,7 +140,7 @@ async fn every_example_applies_and_scale_and_explain_work() {
         ("spec.autoscaling", "the operator stands down"),
         (
             "spec.autoscaling.targets.ttftP90Seconds",
-            "or for decode when only decode has a queue",
+            "under half of it",
         ),
         ("spec.serving.roleReplicas", "written by the autoscaler"),
         ("status.autoscaling.nextScaleInTime", "may leave"),

@@ -67,7 +67,9 @@ fn interval() -> u32 {
 #[x_kube(validation = Rule::new("has(self.ttftP90Seconds) || has(self.itlP90Seconds) || has(self.waitingPerWorker) || has(self.kvUsage)").message("spec.autoscaling.targets: give at least one of ttftP90Seconds, itlP90Seconds, waitingPerWorker, kvUsage"))]
 pub struct AutoscalingTargets {
     /// 90th percentile of time to first token at the gateways, seconds. Disaggregated:
-    /// counts for prefill, or for decode when only decode has a queue.
+    /// counts for decode when only decode has a queue, else for prefill unless the
+    /// prefill legs' p90 (from sending a prefill to reading its answer) is under half
+    /// of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.001))]
     pub ttft_p90_seconds: Option<f64>,
@@ -138,6 +140,10 @@ pub struct ObservedSignals {
     /// Inter-token latency p90 over the last interval, seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub itl_p90_seconds: Option<f64>,
+    /// Disaggregated: the prefill legs' p90 over the last interval, seconds (from
+    /// sending a prefill to reading its answer, at the gateways).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_p90_seconds: Option<f64>,
     /// Per role.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub roles: Vec<ObservedRole>,

@@ -3,9 +3,10 @@
 //!
 //! Per role, each signal with a target gives a ratio, observed over target: requests
 //! waiting per worker, mean KV usage, and the gateways' TTFT p90 and inter-token p90
-//! (mixed workers take both; in a disaggregated deployment TTFT is prefill's, or
-//! decode's when only decode has a queue, and inter-token latency is decode's). The
-//! highest ratio decides:
+//! (mixed workers take both). In a disaggregated deployment TTFT is decode's when only
+//! decode has a queue, else prefill's unless the prefill legs' p90 (what the gateways
+//! timed from sending a prefill to reading its answer) is under half the target; and
+//! inter-token latency is decode's. The highest ratio decides:
 //! - more than 10% over: `ceil(workers × ratio)`, at least one more and at most twice
 //!   as many (plus one) in one step;
 //! - every ratio more than 10% under, and nothing waiting: the fewest workers over
@@ -76,6 +77,8 @@ pub struct Signals {
     pub ttft_p90: Option<f64>,
     /// Inter-token p90 over the last interval, seconds.
     pub itl_p90: Option<f64>,
+    /// Prefill legs' p90 over the last interval, seconds (disaggregated).
+    pub prefill_p90: Option<f64>,
     /// Per role.
     pub roles: Vec<RoleSignals>,
     /// The spec changed and the controllers have not caught up (a rollout).
@@ -133,9 +136,12 @@ pub(crate) fn round(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
 }
 
-/// Whether the gateways' TTFT counts for `role`: mixed always; in a disaggregated
-/// deployment prefill's, unless only decode has a queue.
-fn takes_ttft(role: Role, roles: &[RoleSignals]) -> bool {
+/// Whether the gateways' TTFT counts for `role`: mixed always. Disaggregated: decode's
+/// when only decode has a queue; prefill's otherwise, unless its legs (when timed) took
+/// under half of `target`: then more prefill workers cannot bring the first token much
+/// sooner, and what held it back was elsewhere (most often a decode seat).
+fn takes_ttft(role: Role, signals: &Signals, target: Option<f64>) -> bool {
+    let roles = &signals.roles;
     let waiting = |r: Role| {
         roles
             .iter()
@@ -144,9 +150,13 @@ fn takes_ttft(role: Role, roles: &[RoleSignals]) -> bool {
             .unwrap_or(0.0)
     };
     let decode_queue_only = waiting(Role::Decode) > 0.0 && waiting(Role::Prefill) <= 0.0;
+    let prefill_quick = match (signals.prefill_p90, target) {
+        (Some(legs), Some(target)) => legs < target / 2.0,
+        _ => false,
+    };
     match role {
         Role::Mixed => true,
-        Role::Prefill => !decode_queue_only,
+        Role::Prefill => !decode_queue_only && !prefill_quick,
         Role::Decode => decode_queue_only,
     }
 }
@@ -169,7 +179,7 @@ fn pressures(targets: &AutoscalingTargets, signals: &Signals, role: &RoleSignals
         targets.waiting_per_worker,
     );
     push("KV usage", role.kv_usage, targets.kv_usage);
-    if takes_ttft(role.role, &signals.roles) {
+    if takes_ttft(role.role, signals, targets.ttft_p90_seconds) {
         push("TTFT p90 (s)", signals.ttft_p90, targets.ttft_p90_seconds);
     }
     if role.role != Role::Prefill {

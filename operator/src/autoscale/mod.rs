@@ -206,7 +206,7 @@ impl Autoscaler {
                 .await,
             )?
         };
-        let (ttft_p90, itl_p90) = interval_latency(&gateways, &memory.gateways);
+        let latency = interval_latency(&gateways, &memory.gateways);
         memory.gateways = gateways.into_iter().collect();
         let status = idep.status.clone().unwrap_or_default();
         let settle = 2 * Duration::from_secs(u64::from(spec.interval_seconds));
@@ -227,8 +227,9 @@ impl Autoscaler {
             })
             .collect();
         let mut signals = Signals {
-            ttft_p90,
-            itl_p90,
+            ttft_p90: latency.ttft_p90,
+            itl_p90: latency.itl_p90,
+            prefill_p90: latency.prefill_p90,
             rollout: idep.metadata.generation != status.observed_generation,
             roles,
         };
@@ -440,15 +441,26 @@ async fn hpa_targeting(
     }))
 }
 
-/// TTFT and inter-token p90 of the last interval, over the gateways seen before (a
-/// gateway's first scrape only sets its baseline). When those gateways answered no
-/// request at all, both are 0: an idle deployment is under any latency target.
+/// Latency percentiles of the last interval, seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Latency {
+    ttft_p90: Option<f64>,
+    itl_p90: Option<f64>,
+    /// Of the prefill legs (disaggregated).
+    prefill_p90: Option<f64>,
+}
+
+/// TTFT, inter-token and prefill-leg p90 of the last interval, over the gateways seen
+/// before (a gateway's first scrape only sets its baseline; a prefill worker's first
+/// series counts whole). When those gateways answered no request at all, all are 0:
+/// an idle deployment is under any latency target.
 fn interval_latency(
     now: &[(String, GatewayLatency)],
     before: &HashMap<String, GatewayLatency>,
-) -> (Option<f64>, Option<f64>) {
+) -> Latency {
     let mut ttft = Buckets::new();
     let mut itl = Buckets::new();
+    let mut prefill = Buckets::new();
     let mut requests = Buckets::new();
     let mut baselined = false;
     for (uid, latency) in now {
@@ -458,6 +470,9 @@ fn interval_latency(
         baselined = true;
         ttft = add(&ttft, &since(&latency.ttft, Some(&earlier.ttft)));
         itl = add(&itl, &since(&latency.itl, Some(&earlier.itl)));
+        for (worker, legs) in &latency.prefill {
+            prefill = add(&prefill, &since(legs, earlier.prefill.get(worker)));
+        }
         requests = add(
             &requests,
             &since(&latency.requests, Some(&earlier.requests)),
@@ -465,9 +480,18 @@ fn interval_latency(
     }
     let answered = requests.last().map_or(0.0, |(_, n)| *n);
     if baselined && answered <= 0.0 {
-        return (Some(0.0), Some(0.0));
+        let idle = Some(0.0);
+        return Latency {
+            ttft_p90: idle,
+            itl_p90: idle,
+            prefill_p90: idle,
+        };
     }
-    (quantile(0.9, &ttft), quantile(0.9, &itl))
+    Latency {
+        ttft_p90: quantile(0.9, &ttft),
+        itl_p90: quantile(0.9, &itl),
+        prefill_p90: quantile(0.9, &prefill),
+    }
 }
 
 /// Remembers, per role, the most requests a worker ran while requests waited in its
@@ -533,6 +557,7 @@ fn observed(signals: &Signals, engines: &[(Role, Option<signals::EngineLoad>)]) 
     ObservedSignals {
         ttft_p90_seconds: signals.ttft_p90.map(round),
         itl_p90_seconds: signals.itl_p90.map(round),
+        prefill_p90_seconds: signals.prefill_p90.map(round),
         roles: signals
             .roles
             .iter()
@@ -616,6 +641,7 @@ async fn write_status(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     fn decision(role: Role, current: u32, desired: u32) -> RoleDecision {
         RoleDecision {
@@ -679,6 +705,7 @@ mod tests {
             ttft: vec![(0.5, n), (f64::INFINITY, n)],
             itl: Vec::new(),
             requests: vec![(f64::INFINITY, answered)],
+            prefill: BTreeMap::new(),
         };
         let before = HashMap::from([("a".to_owned(), g(10.0, 10.0))]);
         // 4 streamed first tokens in (0, 0.5]: p90 at 0.45; b only sets its baseline.
@@ -686,14 +713,56 @@ mod tests {
             ("a".to_owned(), g(14.0, 14.0)),
             ("b".to_owned(), g(100.0, 100.0)),
         ];
-        let (ttft, itl) = interval_latency(&now, &before);
-        assert!((ttft.unwrap() - 0.45).abs() < 1e-9);
-        assert_eq!(itl, None, "requests, none streamed past the first token");
+        let l = interval_latency(&now, &before);
+        assert!((l.ttft_p90.unwrap() - 0.45).abs() < 1e-9);
+        assert_eq!(
+            l.itl_p90, None,
+            "requests, none streamed past the first token"
+        );
+        assert_eq!(l.prefill_p90, None, "no prefill leg");
         // Nothing answered since: idle, under any target.
         let idle = vec![("a".to_owned(), g(10.0, 10.0))];
-        assert_eq!(interval_latency(&idle, &before), (Some(0.0), Some(0.0)));
+        let zero = Some(0.0);
+        assert_eq!(
+            interval_latency(&idle, &before),
+            Latency {
+                ttft_p90: zero,
+                itl_p90: zero,
+                prefill_p90: zero
+            }
+        );
         // No baseline yet: no signal.
-        assert_eq!(interval_latency(&idle, &HashMap::new()), (None, None));
+        assert_eq!(interval_latency(&idle, &HashMap::new()), Latency::default());
+    }
+
+    #[test]
+    fn prefill_legs_are_differenced_per_worker() {
+        let legs = |workers: &[(&str, f64, f64)]| GatewayLatency {
+            requests: vec![(f64::INFINITY, 100.0)],
+            prefill: workers
+                .iter()
+                .map(|&(w, fast, all)| {
+                    (
+                        w.to_owned(),
+                        vec![(0.1, fast), (1.0, all), (f64::INFINITY, all)],
+                    )
+                })
+                .collect(),
+            ..GatewayLatency::default()
+        };
+        let mut before = HashMap::from([(
+            "a".to_owned(),
+            legs(&[("p-0", 10.0, 10.0), ("p-1", 50.0, 50.0)]),
+        )]);
+        before.get_mut("a").unwrap().requests = vec![(f64::INFINITY, 60.0)];
+        // p-1 left (its series with it): not a restart. p-0 took 10 more, all slow;
+        // p-2 is new and counts whole: 10 fast. 20 legs, rank 18 in (0.1, 1.0].
+        let now = vec![(
+            "a".to_owned(),
+            legs(&[("p-0", 10.0, 20.0), ("p-2", 10.0, 10.0)]),
+        )];
+        let p90 = interval_latency(&now, &before).prefill_p90.unwrap();
+        assert!((p90 - (0.1 + 0.9 * 0.8)).abs() < 1e-9, "{p90}");
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! Reading signals out of Prometheus text exposition (pure): an engine's queue, running
-//! requests and KV usage under vLLM's or SGLang's names, and the gateway's TTFT and
-//! inter-token histograms, whose per-interval percentiles come from the difference of
-//! two scrapes.
+//! requests and KV usage under vLLM's or SGLang's names, and the gateway's TTFT,
+//! inter-token and prefill-leg histograms, whose per-interval percentiles come from the
+//! difference of two scrapes.
 //!
 //! A small reader of the text format rather than a crate: the one published parser
 //! rejects metric names with colons, which every vLLM and SGLang metric has.
+
+use std::collections::BTreeMap;
 
 /// Cumulative histogram buckets: (upper bound, count), in the order exposed.
 pub type Buckets = Vec<(f64, f64)>;
@@ -30,6 +32,10 @@ pub struct GatewayLatency {
     /// `infera_request_duration_seconds` over every outcome: its `+Inf` bucket counts
     /// the requests answered, streamed or not.
     pub requests: Buckets,
+    /// `infera_pd_dispatch_duration_seconds{leg="prefill"}` per worker: how long each
+    /// prefill leg took, queue included. Kept per worker because a worker's series
+    /// leaves with it, which a sum would read as a restart.
+    pub prefill: BTreeMap<String, Buckets>,
 }
 
 /// Engine metric names: vLLM (and ATOM), then SGLang; the older vLLM KV name last.
@@ -104,12 +110,18 @@ pub fn engine_load(text: &str) -> EngineLoad {
     }
 }
 
-/// The `_bucket` series of histogram `name`, summed over other labels, by bound.
-fn buckets(text: &str, name: &str) -> Buckets {
+/// The `_bucket` series of histogram `name` whose labels `keep` (given the label
+/// text), summed by `group` (given the label text) and bound.
+fn grouped_buckets(
+    text: &str,
+    name: &str,
+    keep: impl Fn(&str) -> bool,
+    group: impl Fn(&str) -> String,
+) -> BTreeMap<String, Buckets> {
     let series = format!("{name}_bucket");
-    let mut out: Buckets = Vec::new();
+    let mut out: BTreeMap<String, Buckets> = BTreeMap::new();
     for (n, labels, value) in text.lines().filter_map(sample) {
-        if n != series {
+        if n != series || !keep(labels) {
             continue;
         }
         let Some(le) = label(labels, "le").and_then(|le| match le {
@@ -118,21 +130,38 @@ fn buckets(text: &str, name: &str) -> Buckets {
         }) else {
             continue;
         };
-        match out.iter_mut().find(|(b, _)| *b == le) {
+        let into = out.entry(group(labels)).or_default();
+        match into.iter_mut().find(|(b, _)| *b == le) {
             Some((_, count)) => *count += value,
-            None => out.push((le, value)),
+            None => into.push((le, value)),
         }
     }
-    out.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for b in out.values_mut() {
+        b.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
     out
 }
 
-/// A gateway's TTFT and inter-token histograms from its `/metrics`.
+/// The `_bucket` series of histogram `name`, summed over other labels, by bound.
+fn buckets(text: &str, name: &str) -> Buckets {
+    grouped_buckets(text, name, |_| true, |_| String::new())
+        .into_values()
+        .next()
+        .unwrap_or_default()
+}
+
+/// A gateway's TTFT, inter-token and prefill-leg histograms from its `/metrics`.
 pub fn gateway_latency(text: &str) -> GatewayLatency {
     GatewayLatency {
         ttft: buckets(text, "infera_gateway_ttft_seconds"),
         itl: buckets(text, "infera_gateway_itl_seconds"),
         requests: buckets(text, "infera_request_duration_seconds"),
+        prefill: grouped_buckets(
+            text,
+            "infera_pd_dispatch_duration_seconds",
+            |labels| label(labels, "leg") == Some("prefill"),
+            |labels| label(labels, "worker_id").unwrap_or_default().to_owned(),
+        ),
     }
 }
 
@@ -240,7 +269,12 @@ mod tests {
         infera_gateway_ttft_seconds_bucket{le=\"0.5\"} 10\n\
         infera_gateway_ttft_seconds_bucket{le=\"+Inf\"} 10\n\
         infera_gateway_itl_seconds_bucket{le=\"0.01\"} 100\n\
-        infera_gateway_itl_seconds_bucket{le=\"+Inf\"} 100\n";
+        infera_gateway_itl_seconds_bucket{le=\"+Inf\"} 100\n\
+        infera_pd_dispatch_duration_seconds_bucket{leg=\"prefill\",worker_id=\"p-0\",le=\"0.1\"} 1\n\
+        infera_pd_dispatch_duration_seconds_bucket{leg=\"prefill\",worker_id=\"p-0\",le=\"+Inf\"} 3\n\
+        infera_pd_dispatch_duration_seconds_bucket{leg=\"decode\",worker_id=\"d-0\",le=\"0.1\"} 5\n\
+        infera_pd_dispatch_duration_seconds_bucket{leg=\"prefill\",worker_id=\"p-1\",le=\"0.1\"} 2\n\
+        infera_pd_dispatch_duration_seconds_bucket{leg=\"prefill\",worker_id=\"p-1\",le=\"+Inf\"} 2\n";
 
     #[test]
     fn gateway_histograms_and_their_quantiles() {
@@ -253,6 +287,14 @@ mod tests {
         assert!((quantile(0.9, &g.ttft).unwrap() - 0.4375).abs() < 1e-9);
         assert!((quantile(0.5, &g.ttft).unwrap() - 0.2125).abs() < 1e-9);
         assert!((quantile(0.9, &g.itl).unwrap() - 0.009).abs() < 1e-12);
+        // The prefill legs, per worker; the decode legs left out.
+        assert_eq!(
+            g.prefill,
+            BTreeMap::from([
+                ("p-0".to_owned(), vec![(0.1, 1.0), (f64::INFINITY, 3.0)]),
+                ("p-1".to_owned(), vec![(0.1, 2.0), (f64::INFINITY, 2.0)]),
+            ])
+        );
         assert_eq!(quantile(0.9, &Vec::new()), None);
         // Everything past the last finite bound: that bound.
         assert_eq!(

@@ -34,6 +34,7 @@ fn signals(ttft: Option<f64>, itl: Option<f64>, roles: Vec<RoleSignals>) -> Sign
     Signals {
         ttft_p90: ttft,
         itl_p90: itl,
+        prefill_p90: None,
         roles,
         rollout: false,
     }
@@ -190,6 +191,37 @@ fn prefill_load_scales_prefill_and_decode_load_scales_decode() {
                 role(Role::Decode, 2, decode),
             ],
         );
+        let (d, _) = decide(&policy(), &s, &History::new(), 0.0);
+        let got = (desired(&d, Role::Prefill), desired(&d, Role::Decode));
+        assert_eq!(got, want, "{what}: {d:?}");
+    }
+}
+
+#[test]
+fn ttft_is_not_prefill_s_when_its_legs_were_quick() {
+    // (what, ttft, prefill legs, decode waiting) -> (prefill, decode), from 1 prefill
+    // and 2 decode workers; the TTFT target is 0.5.
+    let table = [
+        // Prefill's legs take most of the TTFT: prefill out by the TTFT's ratio.
+        ("prefill queue", 1.5, 1.4, 0.0, (2, 2)),
+        // Legs over half the target: prefill's, though part of the wait was elsewhere.
+        ("prefill busy", 0.8, 0.3, 0.0, (2, 2)),
+        // The first token waited for a decode seat, none queued as the engines were
+        // scraped; prefill's legs were quick: no prefill worker would help.
+        ("decode seat", 0.6, 0.05, 0.0, (1, 2)),
+        // Decode's queue: the TTFT is decode's.
+        ("decode queue", 1.5, 0.05, 6.0, (1, 4)),
+    ];
+    for (what, ttft, legs, decode, want) in table {
+        let s = Signals {
+            prefill_p90: Some(legs),
+            // Decode streams at its inter-token target.
+            ..signals(
+                Some(ttft),
+                Some(0.047),
+                vec![role(Role::Prefill, 1, 0.0), role(Role::Decode, 2, decode)],
+            )
+        };
         let (d, _) = decide(&policy(), &s, &History::new(), 0.0);
         let got = (desired(&d, Role::Prefill), desired(&d, Role::Decode));
         assert_eq!(got, want, "{what}: {d:?}");
@@ -394,12 +426,14 @@ fn any_signals() -> impl Strategy<Value = Signals> {
     (
         proptest::option::of(0.0f64..10.0),
         proptest::option::of(0.0f64..1.0),
+        proptest::option::of(0.0f64..10.0),
         proptest::collection::vec(any_role(), 1..3),
         any::<bool>(),
     )
-        .prop_map(|(ttft_p90, itl_p90, roles, rollout)| Signals {
+        .prop_map(|(ttft_p90, itl_p90, prefill_p90, roles, rollout)| Signals {
             ttft_p90,
             itl_p90,
+            prefill_p90,
             roles,
             rollout,
         })
@@ -475,6 +509,7 @@ proptest! {
         let hotter = Signals {
             ttft_p90: s.ttft_p90.map(|v| v * factor),
             itl_p90: s.itl_p90.map(|v| v * factor),
+            prefill_p90: s.prefill_p90.map(|v| v * factor),
             roles: s
                 .roles
                 .iter()
