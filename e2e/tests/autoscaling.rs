@@ -301,13 +301,13 @@ async fn the_operator_stands_down_for_a_horizontal_pod_autoscaler() {
     );
 }
 
-/// TTFT p90 the disaggregated deployment keeps, seconds. A 4,000-token prompt takes
-/// about 0.14 s to prefill alone and 0.22 s with another beside it on a prefill worker's
-/// two seats; four at once wait a turn (about 0.46 s). Prefill's queue empties at each
-/// step, so TTFT, not its queue gauge, shows the load; decode's queue (two waiting
-/// behind two seats at four clients) shows its. Under decode-bound load the prefill
-/// legs stay quick (about 0.03 s), so a first token that waited for a decode seat
-/// never adds a prefill worker.
+/// TTFT p90 the disaggregated deployment keeps, seconds. A prefill worker's two seats
+/// prefill a pair of 4,000-character prompts in about 0.11 s: four clients keep up to
+/// two pairs in line (TTFT p90 about 0.25 s), eight up to four (about 0.45 s, with
+/// about four waiting in prefill's queue); decode's queue (two waiting behind two seats
+/// at four clients) shows decode's load. Under decode-bound
+/// load the prefill legs stay quick (about 0.03 s), so a first token that waited for a
+/// decode seat never adds a prefill worker.
 const PD_TTFT_TARGET: f64 = 0.36;
 
 fn autoscaled_pd(name: &str) -> String {
@@ -459,8 +459,8 @@ async fn prefill_load_scales_only_prefill_and_decode_load_only_decode() {
     let mut reports = Vec::new();
 
     // Long prompts, short answers: prefill's two seats fill and its queue grows.
-    let base = Load::with_prompt(&gateway, &model, 2, 2, 4000);
-    let extra = Load::with_prompt(&gateway, &model, 2, 2, 4000);
+    let base = Load::with_prompt(&gateway, &model, 4, 2, 4000);
+    let extra = Load::with_prompt(&gateway, &model, 4, 2, 4000);
     reports.push(
         step(
             &cluster,

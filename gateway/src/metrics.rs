@@ -28,9 +28,12 @@ const REQUEST_BUCKETS: [f64; 13] = [
 /// Buckets of `infera_pd_dispatch_duration_seconds`, the earlier server's.
 const PD_LEG_BUCKETS: [f64; 11] = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 
-/// Buckets of this gateway's TTFT and inter-chunk histograms (seconds).
-const LATENCY_BUCKETS: [f64; 16] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+/// Buckets of this gateway's TTFT and inter-chunk histograms (seconds). Dense from
+/// 50 ms to 2 s, where latency targets are set: a p90 is interpolated inside its
+/// bucket, and TTFTs just past 0.25 s in a (0.25, 0.5] bucket read as about 0.45 s.
+const LATENCY_BUCKETS: [f64; 24] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0,
+    1.5, 2.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
 /// Buckets of `infera_router_pick_cache_hits` and `infera_router_pick_request_blocks`,
@@ -601,6 +604,7 @@ mod tests {
         m.request_started("mixed");
         m.request_finished("mixed", Outcome::Ok, Instant::now());
         m.observe_ttft(0.003);
+        m.observe_ttft(0.26);
         m.record_kv_event("applied");
         let text = m.render(&Snapshot::default(), &Breakers::default(), None);
         for line in [
@@ -610,6 +614,9 @@ mod tests {
             "infera_request_duration_seconds_count{outcome=\"ok\",router=\"mixed\"} 1",
             "infera_gateway_ttft_seconds_bucket{le=\"0.0025\"} 0",
             "infera_gateway_ttft_seconds_bucket{le=\"0.005\"} 1",
+            // Dense where latency targets are set.
+            "infera_gateway_ttft_seconds_bucket{le=\"0.25\"} 1",
+            "infera_gateway_ttft_seconds_bucket{le=\"0.3\"} 2",
             "infera_gateway_kv_events_total{outcome=\"applied\"} 1",
             "infera_active_workers{disagg_mode=\"mixed\"} 0",
             "infera_gateway_connections_open 0",
