@@ -55,7 +55,7 @@ pub async fn ladder(
         size.question_tokens,
     );
     let capacity = size.workers * size.kv_tokens_per_worker;
-    let oracle = oracle_hit_ratio(&requests, size.system_tokens, 16, capacity);
+    let oracle = oracle_hit_ratio(&requests, size.system_tokens, BLOCK_TOKENS, capacity);
     let bodies: Vec<Value> = requests
         .iter()
         .map(|r| {
