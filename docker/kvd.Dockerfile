@@ -21,12 +21,6 @@ FROM runtime AS prebuilt
 COPY infera-kvd /usr/local/bin/infera-kvd
 
 FROM rust:1.95-bookworm AS builder
-# protoc and the well-known .proto files it imports (libprotobuf-dev, which
-# --no-install-recommends leaves out): etcd-client's build script compiles the etcd
-# protobufs.
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends 'protobuf-compiler=3.21.*' 'libprotobuf-dev=3.21.*' \
-    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 # The registry and target folders are BuildKit caches, kept between builds and absent

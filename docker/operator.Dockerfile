@@ -23,7 +23,6 @@ FROM runtime AS prebuilt
 COPY infera-operator /usr/local/bin/infera-operator
 
 FROM rust:1.95-bookworm AS builder
-# The operator links no etcd client: no protoc needed.
 WORKDIR /src
 COPY . .
 # The registry and target folders are BuildKit caches, kept between builds and absent
