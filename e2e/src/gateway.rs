@@ -175,7 +175,7 @@ impl Gateway {
 
 /// `role/worker_id` -> count, from `infera_router_picks_total` samples.
 pub fn parse_picks(metrics: &str) -> BTreeMap<String, u64> {
-    infera_gateway::metrics::parse_picks(metrics)
+    infera_gateway::parse_picks(metrics)
         .into_iter()
         .map(|((role, worker), n)| (format!("{role}/{worker}"), n))
         .collect()

@@ -874,9 +874,7 @@ async fn the_record_carries_the_tokenizers_identity_and_the_sidecar_serves_it_to
         .chain([sidecar_port.to_string()])
         .collect::<Vec<_>>()
     };
-    let state = |gw: &infera_gateway::gateway::Gateway| {
-        serde_json::to_value(&**gw.tokenizer.load()).unwrap()
-    };
+    let state = |gw: &infera_gateway::Gateway| gw.tokenizer_state();
     let fetched = gateway_on_etcd(&etcd, &prefix, &from_workers(status_port)).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     while state(&fetched.gateway)["state"] != "loaded" {
@@ -895,7 +893,7 @@ async fn the_record_carries_the_tokenizers_identity_and_the_sidecar_serves_it_to
         .unwrap();
     assert_eq!(loaded["digest"].as_str(), kv.tokenizer_digest.as_deref());
     assert_eq!(loaded["worker"], record.worker_id);
-    let codec = fetched.gateway.kv.as_ref().unwrap().codec();
+    let codec = fetched.gateway.router_codec().unwrap();
     assert_eq!(
         codec
             .encode(infera_proto::tokenizer::TOKENIZER_CANARY, false)

@@ -2,7 +2,7 @@
 //! `infera bench s5`: prefix-index ops/s on one core, bytes per indexed block, and
 //! route-decision time.
 //!
-//!     cargo run --release -p infera-gateway --example prefix_index_bench -- [WORKERS] [BLOCKS_PER_WORKER]
+//!     cargo run --release -p infera-gateway --features bench --example prefix_index_bench -- [WORKERS] [BLOCKS_PER_WORKER]
 //!
 //! Pin it to a core for per-core figures: `taskset -c 0 target/release/examples/prefix_index_bench`.
 
@@ -16,7 +16,7 @@ fn main() {
     let workers = args.first().copied().unwrap_or(8);
     let blocks = args.get(1).copied().unwrap_or(16_384);
     println!("prefix index: {workers} workers x {blocks} blocks of 16 tokens");
-    let f = infera_gateway::index_bench::measure(workers, blocks).unwrap();
+    let f = infera_gateway::bench::measure(workers, blocks).unwrap();
     println!(
         "  index inserts/s (one core, median of 3):  {:>12.0}",
         f.inserts_per_s

@@ -7,8 +7,8 @@
 //! README's migration table, so an earlier command line never changes behaviour
 //! silently.
 
-use crate::breaker::BreakerConfig;
-use crate::policy::PolicyKind;
+use crate::route::rotation::PolicyKind;
+use crate::workers::breaker::BreakerConfig;
 use clap::{Parser, ValueEnum};
 use infera_etcd_conn::EtcdSecurity;
 use infera_proto::discovery::DEFAULT_ETCD_PREFIX;
@@ -535,7 +535,7 @@ pub struct ConfigError(pub String);
 impl GatewayConfig {
     /// The load-balancing policy used when routing is not kv-aware (and to order
     /// candidates for failover).
-    pub fn policy(&self) -> PolicyKind {
+    pub(crate) fn policy(&self) -> PolicyKind {
         match self.router_policy {
             PolicyArg::Random => PolicyKind::Random,
             PolicyArg::RoundRobin | PolicyArg::KvAware => PolicyKind::RoundRobin,
@@ -554,9 +554,9 @@ impl GatewayConfig {
     }
 
     /// The request plane's timeouts and admission limit.
-    pub fn plane_settings(&self) -> crate::nats_plane::PlaneSettings {
+    pub(crate) fn plane_settings(&self) -> crate::send::nats::PlaneSettings {
         let seconds = |s: f64| (s > 0.0).then(|| std::time::Duration::from_secs_f64(s));
-        crate::nats_plane::PlaneSettings {
+        crate::send::nats::PlaneSettings {
             idle_timeout: seconds(self.nats_req_idle_timeout),
             max_duration: seconds(self.nats_req_max_duration),
             max_pending: self.nats_req_max_pending,
@@ -687,7 +687,7 @@ impl GatewayConfig {
     }
 
     /// Breaker settings.
-    pub fn breaker(&self) -> BreakerConfig {
+    pub(crate) fn breaker(&self) -> BreakerConfig {
         BreakerConfig {
             threshold: self.breaker_failure_threshold,
             cooldown: Duration::from_secs_f64(self.breaker_cooldown_s),

@@ -8,14 +8,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::api::build_worker_entry;
-use crate::discovery::etcd::{EtcdChange, apply_etcd_change, build_synced_records};
-use crate::discovery::kubernetes::{PodIndex, apply_update};
-use crate::kv_ingest::specs_for;
-use crate::kv_router::{KvRouter, block_size_of};
+use crate::http::admin::build_worker_entry;
 use crate::metrics::Metrics;
-use crate::pd::connectors::resolve_protocol;
-use crate::registry::{Registry, Target};
+use crate::route::kv_state::{KvRouter, block_size_of};
+use crate::send::pd::connectors::resolve_protocol;
+use crate::workers::discovery::etcd::{EtcdChange, apply_etcd_change, build_synced_records};
+use crate::workers::discovery::kubernetes::{PodIndex, apply_update};
+use crate::workers::kv_events::specs_for;
+use crate::workers::registry::{Registry, Target};
 use infera_prompt::PromptCodec;
 use infera_proto::discovery::{DEFAULT_ETCD_PREFIX, WORKER_INFO_ANNOTATION};
 use infera_proto::worker::{DisaggMode, RequestTransport, WorkerRecord};
@@ -101,7 +101,11 @@ fn via_pods(pods: &[(&str, &str)]) -> (Arc<Registry>, PodIndex) {
     (registry, index)
 }
 
-fn pool<'s>(snap: &'s crate::registry::Snapshot, model: &str, mode: DisaggMode) -> &'s [Target] {
+fn pool<'s>(
+    snap: &'s crate::workers::registry::Snapshot,
+    model: &str,
+    mode: DisaggMode,
+) -> &'s [Target] {
     snap.models.get(model).map_or(&[][..], |p| match mode {
         DisaggMode::Mixed => &p.mixed,
         DisaggMode::Prefill => &p.prefill,
@@ -333,7 +337,7 @@ fn etcd_event_sequences_leave_the_pool_the_earlier_registry_left() {
             let pool: Vec<String> = registry.snapshot().workers.keys().cloned().collect();
             let rendered = metrics.render(
                 &registry.snapshot(),
-                &crate::breaker::Breakers::default(),
+                &crate::workers::breaker::Breakers::default(),
                 None,
             );
             let canary_rejections = rendered
@@ -450,7 +454,11 @@ fn check_server_view(view: &Value, registry: &Registry) {
         Arc::new(Metrics::default()),
     );
     let gauges = kv.gauges(snap.workers.values().map(|w| &**w));
-    let text = Metrics::default().render(&snap, &crate::breaker::Breakers::default(), Some(gauges));
+    let text = Metrics::default().render(
+        &snap,
+        &crate::workers::breaker::Breakers::default(),
+        Some(gauges),
+    );
     let series = |text: &str, names: &[&str]| -> Vec<String> {
         let mut out: Vec<String> = text
             .lines()

@@ -3,50 +3,48 @@
 //! relays each request to the worker the router picks, failing over before the first
 //! byte and isolating failing workers with circuit breakers.
 //!
-//! Flow of a request: [`api`] bounds the body ([`json_limits`]), validates it
-//! ([`validate`], or translates it from Anthropic's shape with [`anthropic`]), and asks
-//! [`router`] for a [`router::Plan`] over a [`registry`] snapshot (mixed pool, or
-//! prefill and decode pools; direct mode's pins applied). [`routing`] hashes the prompt
-//! once and gives each role a selector (kv-aware or round-robin behind one `select`,
-//! owning its kv charges). [`forward`] is the one send path for both plans: it picks,
-//! sends through [`dispatch`] (mixed, failing over before the first byte) or
-//! [`pd::dispatch`] (both legs), and returns the response with the request's guard.
-//! [`relay`] streams the answer back (coalescing what arrived together), and [`api`] or
-//! [`anthropic`] renders it. [`discovery`] feeds the registry; [`metrics`], [`breaker`]
-//! and [`health_check`] observe.
+//! The folders are the request's path, each a stage that imports only from the stages
+//! below it:
+//!
+//! - `http/`: the front. Accepts connections (`listener`, `tls`), applies the layers
+//!   (`middleware`: API keys, admission, draining), reads the body within bounds
+//!   (`body`), and hands it to one module per API (`openai`, `anthropic`), which share
+//!   `pipeline` (plan, forward, relay, the migration resume) and render errors in one
+//!   place (`errors`); `admin` serves the gateway's own views.
+//! - `request/`: what a client asked, pure: the JSON bounds, an OpenAI request checked,
+//!   an Anthropic request translated.
+//! - `route/`: choosing, pure on the request's path: the plan (mixed or prefill/decode
+//!   pools, direct mode's pins), the selector for either policy with its kv charges,
+//!   rotation, the kv-aware cost, the kv state and prefix index, the tokenizer.
+//! - `send/`: sending: the shared context and the POST every leg makes (`upstream`), the
+//!   request's bookkeeping (`guard`), failover (`failover`), both prefill/decode legs
+//!   (`pd`), the NATS request plane (`nats`), the forward path over them (`forward`), the
+//!   relay back and mid-stream migration (`relay`, `migration`).
+//! - `workers/`: who can serve: the registry, discovery, breakers, health checks,
+//!   in-flight counts, KV-event ingest.
+//!
+//! Beside them: `config` (the flags every stage reads), `state` (the shared state
+//! assembled from them), `metrics`, `offload` (heavy work kept off the async workers),
+//! and `server` (starting and stopping it all).
 
-pub mod anthropic;
-pub mod api;
-pub mod breaker;
 pub mod config;
-pub mod discovery;
-pub mod dispatch;
-pub mod forward;
-pub mod gateway;
-pub mod health_check;
-pub mod http_serve;
-pub mod index_bench;
-pub mod json_limits;
-pub mod kv_ingest;
-pub mod kv_policy;
-pub mod kv_router;
-pub mod metrics;
-pub mod migration;
-pub mod nats_plane;
-pub mod offload;
-pub mod pd;
-pub mod policy;
-pub mod prefix_index;
-pub mod registry;
-pub mod relay;
-pub mod reload;
-pub mod router;
-pub mod routing;
+mod http;
+mod metrics;
+mod offload;
+pub mod request;
+mod route;
+mod send;
 pub mod server;
-pub mod tls;
-pub mod tokenizer_fetch;
-pub mod validate;
-pub mod worker_response;
+mod state;
+mod workers;
+
+#[cfg(feature = "bench")]
+pub mod bench;
+
+pub use http::tls::TlsCertificates;
+pub use metrics::parse_picks;
+pub use state::Gateway;
+pub use workers::registry::{Change, Registry, Snapshot};
 
 #[cfg(test)]
 mod legacy_records_tests;

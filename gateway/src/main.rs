@@ -3,11 +3,11 @@
 use anyhow::{Context, Result};
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
+use infera_gateway::Gateway;
+use infera_gateway::Registry;
 use infera_gateway::config::{
     GatewayConfig, build_earlier_default_notice, compute_earlier_default_differences,
 };
-use infera_gateway::gateway::Gateway;
-use infera_gateway::registry::Registry;
 use infera_gateway::server::start_gateway;
 
 #[tokio::main]

@@ -6,8 +6,8 @@
 //! (removed with the worker). Values only known at scrape time (workers per mode, the
 //! breakers, the kv-aware view) are read then, from what [`Metrics::render`] is given.
 
-use crate::breaker::Breakers;
-use crate::registry::Snapshot;
+use crate::workers::breaker::Breakers;
+use crate::workers::registry::Snapshot;
 use infera_telemetry::metrics::{ScrapeValues, register, register_counter};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -50,7 +50,7 @@ const LEGS: [&str; 2] = ["prefill", "decode"];
 
 /// How a request ended, for `infera_request_duration_seconds{outcome}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// 2xx relayed.
     Ok,
     /// Rejected as a bad request (4xx before routing or from the worker).
@@ -67,7 +67,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// The label value.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Ok => "ok",
             Self::ClientError => "client_error",
@@ -139,7 +139,7 @@ fn latency_histogram() -> Histogram {
 
 /// kv-aware gauges read at render time.
 #[derive(Debug, Clone, Default)]
-pub struct KvGauges {
+pub(crate) struct KvGauges {
     /// Blocks held in the prefix index.
     pub indexed_blocks: usize,
     /// Heap bytes per indexed block.
@@ -151,7 +151,7 @@ pub struct KvGauges {
 
 /// The gateway's metrics.
 #[derive(Debug)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     picks: Family<RoleWorker, Counter>,
     durations: Histograms<RouterOutcome>,
@@ -343,7 +343,7 @@ impl Metrics {
     }
 
     /// A pick of `worker_id` for `role` (`mixed`, `prefill`, `decode`).
-    pub fn record_pick(&self, role: &str, worker_id: &str) {
+    pub(crate) fn record_pick(&self, role: &str, worker_id: &str) {
         self.picks
             .get_or_create(&RoleWorker {
                 role: role.to_owned(),
@@ -353,23 +353,33 @@ impl Metrics {
     }
 
     /// A request started on `router`.
-    pub fn request_started(&self, router: &'static str) {
+    pub(crate) fn request_started(&self, router: &'static str) {
         self.inflight.get_or_create(&RouterLabel { router }).inc();
     }
 
     /// A request that started ended.
-    pub fn request_finished(&self, router: &'static str, outcome: Outcome, started: Instant) {
+    pub(crate) fn request_finished(
+        &self,
+        router: &'static str,
+        outcome: Outcome,
+        started: Instant,
+    ) {
         self.inflight.get_or_create(&RouterLabel { router }).dec();
         self.observe_request(router, outcome, started.elapsed().as_secs_f64());
     }
 
     /// A request that ended before routing (bad input, no worker).
-    pub fn request_rejected(&self, router: &'static str, outcome: Outcome, started: Instant) {
+    pub(crate) fn request_rejected(
+        &self,
+        router: &'static str,
+        outcome: Outcome,
+        started: Instant,
+    ) {
         self.observe_request(router, outcome, started.elapsed().as_secs_f64());
     }
 
     /// A request's duration.
-    pub fn observe_request(&self, router: &'static str, outcome: Outcome, secs: f64) {
+    pub(crate) fn observe_request(&self, router: &'static str, outcome: Outcome, secs: f64) {
         self.durations
             .get_or_create(&RouterOutcome {
                 router,
@@ -379,47 +389,47 @@ impl Metrics {
     }
 
     /// Time to the first streamed byte.
-    pub fn observe_ttft(&self, secs: f64) {
+    pub(crate) fn observe_ttft(&self, secs: f64) {
         self.ttft.observe(secs);
     }
 
     /// Gap between streamed writes.
-    pub fn observe_itl(&self, secs: f64) {
+    pub(crate) fn observe_itl(&self, secs: f64) {
         self.itl.observe(secs);
     }
 
     /// A request carried a cache hint of `retention`.
-    pub fn record_cache_control(&self, retention: &'static str) {
+    pub(crate) fn record_cache_control(&self, retention: &'static str) {
         self.cache_control
             .get_or_create(&[("retention", retention)])
             .inc();
     }
 
     /// Counts a worker starting to fail its health checks, or passing them again.
-    pub fn record_health_change(&self, failing: bool) {
+    pub(crate) fn record_health_change(&self, failing: bool) {
         let to = if failing { "failing" } else { "passing" };
         self.health_changes.get_or_create(&[("to", to)]).inc();
     }
 
     /// A request refused by admission control (429).
-    pub fn record_admission_refused(&self) {
+    pub(crate) fn record_admission_refused(&self) {
         self.admission_refused.inc();
     }
 
     /// A discovery event (`put`, `delete`, `resync`, `watch_error`).
-    pub fn record_discovery(&self, kind: &'static str) {
+    pub(crate) fn record_discovery(&self, kind: &'static str) {
         self.discovery_events.get_or_create(&[("kind", kind)]).inc();
     }
 
     /// A worker record that was refused (`invalid_json`, `invalid_record`, `key_mismatch`).
-    pub fn record_rejected_record(&self, reason: &'static str) {
+    pub(crate) fn record_rejected_record(&self, reason: &'static str) {
         self.rejected_records
             .get_or_create(&[("reason", reason)])
             .inc();
     }
 
     /// Leading cache hits of a kv-aware pick.
-    pub fn record_cache_hits(&self, role: &str, hits: usize) {
+    pub(crate) fn record_cache_hits(&self, role: &str, hits: usize) {
         self.cache_hits
             .get_or_create(&RoleLabel {
                 role: role.to_owned(),
@@ -428,7 +438,7 @@ impl Metrics {
     }
 
     /// A kv-aware pick for `role`: the request's blocks at the picked worker's block size.
-    pub fn observe_pick_request_blocks(&self, role: &str, blocks: usize) {
+    pub(crate) fn observe_pick_request_blocks(&self, role: &str, blocks: usize) {
         self.pick_request_blocks
             .get_or_create(&RoleLabel {
                 role: role.to_owned(),
@@ -437,26 +447,26 @@ impl Metrics {
     }
 
     /// A kv-aware pick that ignored cache locality, by reason (`multimodal`).
-    pub fn record_cache_locality_skipped(&self, reason: &'static str) {
+    pub(crate) fn record_cache_locality_skipped(&self, reason: &'static str) {
         self.locality_skipped
             .get_or_create(&[("reason", reason)])
             .inc();
     }
 
     /// A request routed on load only because it produced no block hashes.
-    pub fn record_unhashed(&self, reason: &'static str) {
+    pub(crate) fn record_unhashed(&self, reason: &'static str) {
         self.unhashed.get_or_create(&[("reason", reason)]).inc();
     }
 
     /// A KV-event batch (or part of it) by outcome: `applied`, `undecodable`,
     /// `unknown_parent`, `block_size_mismatch`, `gap`, ...
-    pub fn record_kv_event(&self, outcome: &'static str) {
+    pub(crate) fn record_kv_event(&self, outcome: &'static str) {
         self.kv_events.get_or_create(&[("outcome", outcome)]).inc();
     }
 
     /// How long a prefill/decode leg took on `worker_id` (`prefill`: until its answer
     /// was read; `decode`: until its response headers).
-    pub fn observe_pd_leg(&self, leg: &'static str, worker_id: &str, secs: f64) {
+    pub(crate) fn observe_pd_leg(&self, leg: &'static str, worker_id: &str, secs: f64) {
         self.pd_legs
             .get_or_create(&LegWorker {
                 leg,
@@ -466,25 +476,29 @@ impl Metrics {
     }
 
     /// A prefill/decode request that could not be set up or lost its prefill, by reason.
-    pub fn record_pd_failure(&self, reason: &'static str) {
+    pub(crate) fn record_pd_failure(&self, reason: &'static str) {
         self.pd_failures.get_or_create(&[("reason", reason)]).inc();
     }
 
     /// A generation moved to another worker (`stream_broken`, `worker_draining`).
-    pub fn record_migration(&self, reason: &'static str) {
+    pub(crate) fn record_migration(&self, reason: &'static str) {
         self.migrations.get_or_create(&[("reason", reason)]).inc();
     }
 
     /// A generation that could not move (`no_candidate`, `no_first_byte`, `limit`,
     /// `poisoned`).
-    pub fn record_migration_failed(&self, reason: &'static str) {
+    pub(crate) fn record_migration_failed(&self, reason: &'static str) {
         self.migrations_failed
             .get_or_create(&[("reason", reason)])
             .inc();
     }
 
     /// How a prefill/decode request ended.
-    pub fn record_pd_request(&self, protocol: infera_proto::pd::PdProtocol, outcome: Outcome) {
+    pub(crate) fn record_pd_request(
+        &self,
+        protocol: infera_proto::pd::PdProtocol,
+        outcome: Outcome,
+    ) {
         self.pd_requests
             .get_or_create(&ProtocolOutcome {
                 protocol: protocol.as_str(),
@@ -494,12 +508,12 @@ impl Metrics {
     }
 
     /// A decode leg was opened again after a failure before its first byte.
-    pub fn record_pd_decode_retry(&self) {
+    pub(crate) fn record_pd_decode_retry(&self) {
         self.pd_decode_retries.inc();
     }
 
     /// Forgets a worker's labels.
-    pub fn remove_worker(&self, worker_id: &str) {
+    pub(crate) fn remove_worker(&self, worker_id: &str) {
         for role in ROLES {
             self.picks.remove(&RoleWorker {
                 role: role.to_owned(),
@@ -515,7 +529,12 @@ impl Metrics {
     }
 
     /// The exposition (OpenMetrics text).
-    pub fn render(&self, snapshot: &Snapshot, breakers: &Breakers, kv: Option<KvGauges>) -> String {
+    pub(crate) fn render(
+        &self,
+        snapshot: &Snapshot,
+        breakers: &Breakers,
+        kv: Option<KvGauges>,
+    ) -> String {
         let mut scraped = ScrapeValues::default();
         let worker = |w: &str| vec![("worker_id", w.to_owned())];
         scraped.gauge_family(

@@ -8,9 +8,9 @@
 //! the family without `_total` (OpenMetrics; the samples keep it), values are written
 //! as integers where they are whole, and help texts are this gateway's.
 
-use crate::breaker::Breakers;
 use crate::metrics::{KvGauges, Metrics, Outcome};
-use crate::registry::Registry;
+use crate::workers::breaker::Breakers;
+use crate::workers::registry::Registry;
 use infera_proto::worker::WorkerRecord;
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};

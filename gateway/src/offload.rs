@@ -4,12 +4,12 @@
 
 /// Bodies from this size on are checked, parsed and tokenized off the async workers
 /// (a few thousand tokens; below it, handing the worker over costs more than it saves).
-pub const OFF_WORKERS_BYTES: usize = 32 * 1024;
+pub(crate) const OFF_WORKERS_BYTES: usize = 32 * 1024;
 
 /// Runs `work` for a body of `body_bytes`: a large one's parsing, rendering and
 /// tokenizing take milliseconds to seconds, so on a worker thread of its own (the
 /// runtime moves its other tasks, `/health` among them, to another), a small one here.
-pub fn off_workers<R>(body_bytes: usize, work: impl FnOnce() -> R) -> R {
+pub(crate) fn off_workers<R>(body_bytes: usize, work: impl FnOnce() -> R) -> R {
     let multi_thread = tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
     if body_bytes >= OFF_WORKERS_BYTES && multi_thread {

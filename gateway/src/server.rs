@@ -1,21 +1,21 @@
-//! Running the gateway: discovery tasks, the HTTP server (HTTP/1.1 and h2, plain or TLS:
-//! `http_serve`), and a
+//! Running the gateway: discovery, health checks, KV-event ingest and the tokenizer fetch
+//! as tasks, the HTTP server (HTTP/1.1 and h2, plain or TLS: `http::listener`), and a
 //! graceful shutdown that stops accepting, lets open streams finish (bounded), then
 //! stops discovery.
 
-use crate::api::build_router;
 use crate::config::{ConfigError, DiscoveryBackend, KvEventTransport, RequestTransportArg};
-use crate::discovery::etcd::run_etcd_discovery;
-use crate::discovery::kubernetes::{build_kube_client, run_kubernetes_discovery};
-use crate::discovery::static_file::{load_worker_file, watch_worker_file};
-use crate::gateway::Gateway;
-use crate::health_check::run_health_checks;
-use crate::http_serve::{ServeOptions, serve};
-use crate::kv_ingest::{run_nats_ingest, run_zmq_ingest};
-use crate::nats_plane::NatsPlane;
-use crate::reload::{RELOAD_INTERVAL, reload_every};
-use crate::tls::TlsCertificates;
-use crate::tokenizer_fetch::run_tokenizer_fetch;
+use crate::http::build_router;
+use crate::http::listener::{ServeOptions, serve};
+use crate::http::reload::{RELOAD_INTERVAL, reload_every};
+use crate::http::tls::TlsCertificates;
+use crate::route::tokenizer::run_tokenizer_fetch;
+use crate::send::nats::NatsPlane;
+use crate::state::Gateway;
+use crate::workers::discovery::etcd::run_etcd_discovery;
+use crate::workers::discovery::kubernetes::{build_kube_client, run_kubernetes_discovery};
+use crate::workers::discovery::static_file::{load_worker_file, watch_worker_file};
+use crate::workers::health::{HealthChecks, run_health_checks};
+use crate::workers::kv_events::{run_nats_ingest, run_zmq_ingest};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -181,9 +181,25 @@ fn finish_start(
     mut tasks: JoinSet<()>,
 ) -> Result<RunningGateway, ConfigError> {
     spawn_kv_ingest(&gateway, &mut tasks, &stop_rx);
-    tasks.spawn(run_health_checks(gateway.clone(), stop_rx.clone()));
-    if let (Some(port), Some(_)) = (gateway.cfg.router_tokenizer_from_workers, &gateway.kv) {
-        tasks.spawn(run_tokenizer_fetch(gateway.clone(), port, stop_rx.clone()));
+    let cfg = &gateway.cfg;
+    let checks = HealthChecks {
+        registry: gateway.registry.clone(),
+        breakers: gateway.breakers.clone(),
+        metrics: gateway.metrics.clone(),
+        client: gateway.client.clone(),
+        interval: Duration::from_secs_f64(cfg.health_check_interval_s.max(0.0)),
+        timeout: Duration::from_secs_f64(cfg.health_check_timeout_s),
+        failures: cfg.health_check_failures,
+    };
+    tasks.spawn(run_health_checks(checks, stop_rx.clone()));
+    if let (Some(port), Some(kv)) = (gateway.cfg.router_tokenizer_from_workers, &gateway.kv) {
+        tasks.spawn(run_tokenizer_fetch(
+            kv.clone(),
+            gateway.tokenizer.clone(),
+            gateway.registry.clone(),
+            port,
+            stop_rx.clone(),
+        ));
     }
     let addr = listener
         .local_addr()

@@ -5,8 +5,8 @@
 
 mod common;
 
+use infera_gateway::TlsCertificates;
 use infera_gateway::server::RunningGateway;
-use infera_gateway::tls::TlsCertificates;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -178,13 +178,7 @@ async fn past_the_connection_limit_a_client_waits_until_one_closes() {
     let _second = TcpStream::connect(gw.addr).await.unwrap();
     // Both accepted and counted before the third arrives.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while gw
-        .gateway
-        .metrics
-        .connections_open
-        .load(std::sync::atomic::Ordering::Relaxed)
-        < 2
-    {
+    while gw.gateway.open_connections() < 2 {
         assert!(
             Instant::now() < deadline,
             "the two connections were never counted"

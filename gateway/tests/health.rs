@@ -187,10 +187,7 @@ async fn a_hung_worker_leaves_routing_its_stream_ends_and_it_comes_back() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let text =
-        gw.gateway
-            .metrics
-            .render(&gw.gateway.registry.snapshot(), &gw.gateway.breakers, None);
+    let text = gw.gateway.metrics_text();
     assert!(
         text.contains("infera_gateway_health_changes_total{to=\"failing\"} 1")
             && text.contains("infera_gateway_health_changes_total{to=\"passing\"} 1"),

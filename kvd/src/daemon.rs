@@ -2,7 +2,7 @@
 //! replies shaped by whether the connection reads the arena in place.
 
 use crate::lower::{Fetched, Lower};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, PrefetchCounters};
 use crate::queue::ByteQueue;
 use crate::store::{Found, Store};
 use crate::wire::{Key, PROTOCOL_VERSION, Reply, Request, Scope};
@@ -50,23 +50,6 @@ struct Prefetch {
     scope: Scope,
     keys: Vec<Key>,
     deadline: Instant,
-}
-
-/// What `prefetch_hint` keys came to.
-#[derive(Debug, Default)]
-pub struct PrefetchCounters {
-    /// Brought into RAM from a slower tier.
-    pub warmed: AtomicU64,
-    /// Already in RAM.
-    pub present: AtomicU64,
-    /// In no tier.
-    pub missing: AtomicU64,
-    /// Not reached before the hint's deadline.
-    pub late: AtomicU64,
-    /// Not queued: the prefetch queue was full.
-    pub dropped: AtomicU64,
-    /// Found below, but not kept in RAM (no room, or written or cleared meanwhile).
-    pub refused: AtomicU64,
 }
 
 /// Keys waiting to be prefetched, at most.

@@ -2,7 +2,6 @@
 //! op latencies per op, refusals and error replies counted as they happen; the
 //! store's counters and sizes and every tier's read when scraped.
 
-use crate::daemon::PrefetchCounters;
 use crate::lower::Lower;
 use crate::tier::{Tier, TierCounters};
 use crate::wire::Stats;
@@ -13,6 +12,23 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+/// What `prefetch_hint` keys came to.
+#[derive(Debug, Default)]
+pub struct PrefetchCounters {
+    /// Brought into RAM from a slower tier.
+    pub warmed: AtomicU64,
+    /// Already in RAM.
+    pub present: AtomicU64,
+    /// In no tier.
+    pub missing: AtomicU64,
+    /// Not reached before the hint's deadline.
+    pub late: AtomicU64,
+    /// Not queued: the prefetch queue was full.
+    pub dropped: AtomicU64,
+    /// Found below, but not kept in RAM (no room, or written or cleared meanwhile).
+    pub refused: AtomicU64,
+}
 
 /// Upper bounds (seconds) of the op latency histogram.
 const BUCKETS: [f64; 8] = [0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.1];

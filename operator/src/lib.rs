@@ -7,8 +7,11 @@
 
 pub mod api;
 pub mod autoscale;
+mod clock;
 pub mod leader;
 pub mod metrics;
+pub mod names;
 pub mod plan;
+pub mod quantity;
 pub mod reconcile;
 pub mod render;

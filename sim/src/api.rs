@@ -3,17 +3,16 @@
 //! simulator's fault controls.
 
 use crate::core::NewRequest;
-use crate::engine::{EngineHandle, EngineOutput};
-use crate::faults::{FaultSettings, Faults};
-use crate::flavor::Flavor;
-use crate::generate::OutputGenerator;
+use crate::engine::EngineOutput;
+use crate::faults::FaultSettings;
 use crate::handoff;
 use crate::metrics::render_metrics;
 use crate::openai::{
     Endpoint, ParsedRequest, PromptInput, Rejection, ResponseMeta, add_token_ids, build_chunk,
     build_response, build_usage, build_usage_chunk, parse_request,
 };
-use crate::pd::{self, PdLeg, PdRole};
+use crate::pd::{self, PdLeg};
+use crate::state::WorkerState;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, State};
@@ -27,48 +26,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
-
-/// Everything a worker's handlers share.
-#[derive(Debug)]
-pub struct WorkerState {
-    /// Engine imitated.
-    pub flavor: Flavor,
-    /// Served model name.
-    pub model: String,
-    /// Where the tokenizer came from.
-    pub tokenizer_source: String,
-    /// Tokens per KV block.
-    pub block_size: usize,
-    /// Longest sequence accepted.
-    pub max_model_len: usize,
-    /// `max_tokens` when a request gives none.
-    pub default_max_tokens: usize,
-    /// Prefill/decode role, if disaggregated.
-    pub pd: Option<PdRole>,
-    /// Tensor/data parallel sizes advertised.
-    pub tp_size: u32,
-    /// Data-parallel size advertised.
-    pub dp_size: u32,
-    /// Prompt codec.
-    pub codec: Arc<PromptCodec>,
-    /// Output tokens.
-    pub generator: Arc<OutputGenerator>,
-    /// The engine.
-    pub engine: EngineHandle,
-    /// Injected faults.
-    pub faults: Faults,
-    /// KV cache blocks.
-    pub kv_blocks: usize,
-    /// Step token budget.
-    pub max_num_batched_tokens: usize,
-    /// Most running requests.
-    pub max_num_seqs: usize,
-    /// The W3C `traceparent` of the last generation request, as an engine with
-    /// OpenTelemetry tracing would continue it (`GET /sim/trace`).
-    pub last_traceparent: std::sync::Mutex<Option<String>>,
-    /// Serve vLLM's render endpoints.
-    pub scale_out: bool,
-}
 
 type Shared = Arc<WorkerState>;
 

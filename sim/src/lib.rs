@@ -27,4 +27,5 @@ pub mod metrics;
 pub mod openai;
 pub mod pd;
 pub mod profile;
+pub mod state;
 pub mod worker;

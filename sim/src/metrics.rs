@@ -4,7 +4,7 @@
 //! is read at scrape time and written through `prometheus-client`
 //! ([`infera_telemetry::metrics`]).
 
-use crate::api::WorkerState;
+use crate::state::WorkerState;
 use infera_proto::worker::EngineKind;
 use infera_telemetry::metrics::{Labels, ScrapeValues};
 use prometheus_client::registry::Registry;

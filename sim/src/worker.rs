@@ -1,7 +1,7 @@
 //! Starting one simulated worker: its engine task, KV-event publisher and HTTP server,
 //! all owned by [`RunningWorker`] and stopped with it.
 
-use crate::api::{WorkerState, build_router};
+use crate::api::build_router;
 use crate::core::{CoreConfig, EngineCore};
 use crate::engine::{Timing, spawn_engine};
 use crate::faults::{FaultSettings, Faults};
@@ -9,6 +9,7 @@ use crate::flavor::Flavor;
 use crate::generate::{OUTPUT_TEXT, OutputGenerator};
 use crate::kv_events::{KvEventConverter, KvEventsEndpoint, start_publisher};
 use crate::pd::PdRole;
+use crate::state::WorkerState;
 use anyhow::Context;
 use infera_prompt::PromptCodec;
 use infera_proto::kv_events::encode::KvEventFormat;

@@ -124,7 +124,7 @@ pub async fn run(ctx: &Ctx, size: &Size, etcd: &str) -> Result<Value> {
     let _ = client.lease_revoke(lease).await;
     fleet.shutdown().await;
     let (w, b) = (size.index_workers, size.index_blocks_per_worker);
-    let index = tokio::task::spawn_blocking(move || infera_gateway::index_bench::measure(w, b))
+    let index = tokio::task::spawn_blocking(move || infera_gateway::bench::measure(w, b))
         .await?
         .map_err(|e| anyhow!("index measurement: {e}"))?;
     Ok(json!({

@@ -7,7 +7,7 @@
 use super::fields::Fields;
 use super::findings::Findings;
 use super::server::{Server, merge_container_env, read_server};
-use super::wiring::rdma_on;
+use super::worker::rdma_on;
 use super::worker::{Worker, read_worker};
 use infera_operator::api::{InferaDeployment, PDTopology};
 use infera_operator::plan::{Images, Observed, Platform};
@@ -157,8 +157,8 @@ fn take_metadata(root: &mut Fields, f: &mut Findings) -> Map<String, Value> {
     };
     match m.take_str("name", f) {
         Some(n) => {
-            if n.len() > infera_operator::render::names::MAX_NAME_LEN {
-                f.error("metadata.name", format!("{n:?} is longer than {} characters (pod names add a role, an ordinal and a hash within the 63-character label limit): rename it", infera_operator::render::names::MAX_NAME_LEN));
+            if n.len() > infera_operator::names::MAX_NAME_LEN {
+                f.error("metadata.name", format!("{n:?} is longer than {} characters (pod names add a role, an ordinal and a hash within the 63-character label limit): rename it", infera_operator::names::MAX_NAME_LEN));
             }
             out.insert("name".into(), json!(n));
         }

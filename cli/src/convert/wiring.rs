@@ -6,7 +6,7 @@
 use super::deployment::{Build, Discovery};
 use super::findings::Findings;
 use super::server::Server;
-use super::worker::Worker;
+use super::worker::{Worker, rdma_on};
 use serde_json::{Map, Value, json};
 
 impl Build {
@@ -282,11 +282,6 @@ impl Build {
         }
         Value::Null
     }
-}
-
-pub(super) fn rdma_on(all: &[&Worker]) -> bool {
-    all.iter()
-        .any(|w| w.rdma_resource.is_some() || w.host_devices)
 }
 
 /// `host:port` or a URL as an etcd client URL.

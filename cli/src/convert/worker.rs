@@ -319,3 +319,9 @@ fn read_container_resources(w: &mut Worker, resources: Map<String, Value>) {
     }
     w.resources = kept;
 }
+/// Whether any of the earlier workers used RDMA (a device-plugin resource, or the
+/// host's devices).
+pub(super) fn rdma_on(all: &[&Worker]) -> bool {
+    all.iter()
+        .any(|w| w.rdma_resource.is_some() || w.host_devices)
+}

@@ -45,7 +45,7 @@ async fn picks(client: &reqwest::Client, base: &str) -> Result<BTreeMap<(String,
         .context("reading the gateway's metrics")?
         .text()
         .await?;
-    Ok(infera_gateway::metrics::parse_picks(&text))
+    Ok(infera_gateway::parse_picks(&text))
 }
 
 /// Sends the probes for `model`; returns whether every one succeeded.

@@ -11,7 +11,7 @@ use infera_proto::pd::PdProtocol;
 use infera_proto::worker::EngineKind;
 
 /// A worker's role (the operator's: mixed, prefill, decode).
-pub use infera_operator::render::names::Role;
+pub use infera_operator::names::Role;
 
 /// How a deployment's engines run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -101,8 +101,7 @@ pub async fn gateway_on_etcd(
     args.extend(flags.iter().map(String::as_str));
     let cfg =
         <infera_gateway::config::GatewayConfig as clap::Parser>::try_parse_from(args).unwrap();
-    let gw = infera_gateway::gateway::Gateway::new(cfg, infera_gateway::registry::Registry::new())
-        .unwrap();
+    let gw = infera_gateway::Gateway::new(cfg, infera_gateway::Registry::new()).unwrap();
     infera_gateway::server::start_gateway(
         gw,
         tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),

@@ -4,9 +4,9 @@
 
 #![no_main]
 
-use infera_gateway::anthropic::build_chat_request;
-use infera_gateway::json_limits::{JsonLimits, check_json_limits};
-use infera_gateway::validate::{ApiKind, validate_request};
+use infera_gateway::request::anthropic::build_chat_request;
+use infera_gateway::request::json_limits::{JsonLimits, check_json_limits};
+use infera_gateway::request::validate::{ApiKind, validate_request};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 

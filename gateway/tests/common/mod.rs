@@ -5,9 +5,9 @@
 
 use clap::Parser;
 use etcd_client::PutOptions;
+use infera_gateway::Gateway;
+use infera_gateway::Registry;
 use infera_gateway::config::GatewayConfig;
-use infera_gateway::gateway::Gateway;
-use infera_gateway::registry::Registry;
 use infera_gateway::server::{RunningGateway, start_embedded, start_gateway};
 use infera_prompt::PromptCodec;
 use infera_proto::discovery::build_worker_key;

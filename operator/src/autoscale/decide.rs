@@ -23,7 +23,7 @@
 //! engine of the role did not answer; the result stays within min and max.
 
 use crate::api::AutoscalingTargets;
-use crate::render::names::Role;
+use crate::names::Role;
 use std::collections::BTreeMap;
 
 /// Slack around a target before the workers change.

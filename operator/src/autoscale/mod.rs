@@ -15,7 +15,7 @@ use crate::api::{
     AutoscalingSpec, AutoscalingStatus, InferaDeployment, ObservedRole, ObservedSignals,
     PDTopology, ServingMode,
 };
-use crate::render::names::Role;
+use crate::names::Role;
 use decide::{History, Policy, RoleDecision, RoleSignals, Signals, decide, round};
 use futures::StreamExt;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
@@ -275,7 +275,7 @@ impl Autoscaler {
             } else {
                 "nothing decided".into()
             },
-            last_look_time: Some(crate::reconcile::now()),
+            last_look_time: Some(crate::clock::now()),
             last_scale_time: previous.as_ref().and_then(|p| p.last_scale_time.clone()),
             last_scale: previous.as_ref().and_then(|p| p.last_scale.clone()),
             next_scale_in_time: decisions
@@ -308,7 +308,7 @@ impl Autoscaler {
             for d in &changed {
                 memory.unsettled.insert(d.role, Instant::now());
             }
-            next.last_scale_time = Some(crate::reconcile::now());
+            next.last_scale_time = Some(crate::clock::now());
             next.last_scale = Some(what.clone());
             let out = changed.iter().any(|d| d.desired > d.current);
             // The change in the action: Events of one action are folded into one series
@@ -372,7 +372,7 @@ impl Autoscaler {
             state: "StoodDown".into(),
             message: message.clone(),
             last_decision: String::new(),
-            last_look_time: Some(crate::reconcile::now()),
+            last_look_time: Some(crate::clock::now()),
             ..previous.clone().unwrap_or_default()
         };
         if previous.map(|p| p.state) != Some(next.state.clone()) {
@@ -609,7 +609,7 @@ fn spec_patch(mode: &ServingMode, decisions: &[RoleDecision]) -> serde_json::Val
 }
 
 fn wall_time(in_seconds: f64) -> Time {
-    let now = crate::reconcile::now();
+    let now = crate::clock::now();
     let later = now
         .0
         .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(
@@ -688,7 +688,7 @@ mod tests {
         assert!(!worth_writing(Some(&seen), &fresher, soon));
         assert!(worth_writing(Some(&seen), &fresher, Some(REFRESH)));
         let scaled = AutoscalingStatus {
-            last_scale_time: Some(crate::reconcile::now()),
+            last_scale_time: Some(crate::clock::now()),
             ..fresher.clone()
         };
         assert!(worth_writing(Some(&seen), &scaled, soon));

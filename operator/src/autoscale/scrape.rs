@@ -3,8 +3,8 @@
 //! answer within [`SCRAPE_TIMEOUT`] counts as unseen.
 
 use super::signals::{EngineLoad, GatewayLatency, engine_load, gateway_latency};
+use crate::names::{self, Role};
 use crate::render::engine::ENGINE_PORT;
-use crate::render::names::{self, Role};
 use infera_proto::discovery::ROLE_LABEL;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};

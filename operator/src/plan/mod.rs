@@ -23,7 +23,7 @@ use crate::api::{
     EtcdSpec, GatewayService, GatewayTls, HuggingFaceSource, KvCacheDtype, NetworkSpec,
     Parallelism, Quantization, SchedulingSpec, SecretKeyRef, TransportSpec,
 };
-use crate::render::names::Role;
+use crate::names::Role;
 use infera_engine_prep::Launch;
 use infera_proto::pd::PdProtocol;
 use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements};

@@ -12,7 +12,7 @@ use crate::api::{
     DiscoveryBackend, EtcdSpec, InferaDeployment, InferaDeploymentSpec, MessagingBackend,
     PDTopology, Parallelism, RoleSpec, ServingMode,
 };
-use crate::render::{names, quantity};
+use crate::{names, quantity};
 use kube::Resource;
 use names::Role;
 use std::path::{Component, Path};

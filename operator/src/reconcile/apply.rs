@@ -3,7 +3,7 @@
 //! `resourceVersion` stays); children that carry the instance labels and this
 //! deployment's owner reference but were not built are deleted.
 
-use crate::render::names::{FIELD_MANAGER, children_selector};
+use crate::names::{FIELD_MANAGER, children_selector};
 use crate::render::{Child, Kind};
 use kube::Client;
 use kube::api::{

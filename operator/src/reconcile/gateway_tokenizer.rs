@@ -4,7 +4,7 @@
 //! so a tokenizer the gateway cannot load is visible on the deployment instead of a
 //! crash loop (the gateway keeps serving, routing by load alone).
 
-use crate::render::names;
+use crate::names;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
 use std::sync::LazyLock;

@@ -14,16 +14,15 @@ pub mod topology_status;
 
 use crate::api::{InferaDeployment, InferaDeploymentStatus, PDTopology, ServingMode};
 use crate::metrics::Metrics;
+use crate::names::{self, MANAGED_BY};
 use crate::plan::{Observed, Platform, validate};
 use crate::render::engine::ENGINE_PORT;
-use crate::render::names::{self, MANAGED_BY};
 use crate::render::{Kind, Rendered, build};
 use apply::{Applied, ApplyError, apply_child, prune};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -321,11 +320,6 @@ fn observe_roles(rendered: &Rendered, applied: &[Applied]) -> Vec<RoleObservatio
         .collect()
 }
 
-pub(crate) fn now() -> Time {
-    let ts = k8s_openapi::jiff::Timestamp::now();
-    Time(k8s_openapi::jiff::Timestamp::from_second(ts.as_second()).unwrap_or(ts))
-}
-
 /// Writes `status` on object `name` of `api`'s kind (server-side apply, this
 /// operator's field manager).
 pub(crate) async fn apply_status<K>(
@@ -363,7 +357,7 @@ async fn write_status(
     namespace: &str,
     obs: &Observation,
 ) -> Result<String, ReconcileError> {
-    let new = compute_status(idep.status.as_ref(), obs, &now());
+    let new = compute_status(idep.status.as_ref(), obs, &crate::clock::now());
     let ready = new.conditions.iter().find(|c| c.type_ == "Ready").cloned();
     let is_ready = ready.as_ref().is_some_and(|c| c.status == "True");
     let reason = ready.as_ref().map(|c| c.reason.clone()).unwrap_or_default();

@@ -3,8 +3,8 @@
 use super::ReconcileError;
 use super::status::ModelState;
 use crate::api::InferaDeployment;
+use crate::names;
 use crate::plan::{EtcdClientTls, Platform};
-use crate::render::names;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
 use kube::api::{ListParams, Patch, PatchParams};

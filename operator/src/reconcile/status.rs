@@ -4,7 +4,7 @@
 use super::gateway_tokenizer::GatewayTokenizer;
 use super::pod_problems::{PodProblem, of_component, summarize};
 use crate::api::{InferaDeploymentStatus, RoleStatus};
-use crate::render::names::Role;
+use crate::names::Role;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 /// One role as observed.

@@ -36,7 +36,7 @@ async fn reconcile(topology: Arc<PDTopology>, ctx: Arc<Context>) -> Result<Actio
     let new = topology_status(
         &topology,
         deployments.iter().map(|d| d.as_ref()),
-        &super::now(),
+        &crate::clock::now(),
     );
     if topology.status.as_ref() != Some(&new) {
         let api = Api::<PDTopology>::namespaced(ctx.client.clone(), &namespace);

@@ -7,8 +7,8 @@
 use crate::api::{
     KvCacheDtype, Parallelism, Quantization, RdmaSpec, RoutingPolicy, TransportBackend,
 };
+use crate::names::Role;
 use crate::plan::{PdLeg, Plan, RolePlan};
-use crate::render::names::Role;
 use infera_engine_prep::Launch;
 use infera_engine_prep::prepare::{
     PrepareInput, fp8_kv_cache_dtype, http_port_flag, launcher, model_flags, prepare_engine,

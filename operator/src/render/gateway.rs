@@ -5,7 +5,6 @@
 
 use super::engine::{ENGINE_PORT, MODEL_MOUNT};
 use super::gateway_flags::{GatewaySite, build_gateway_args, nats_flags};
-use super::names;
 use super::overrides::apply_overrides;
 use super::pod::{
     SIDECAR_PORT, cpu_and_memory, model_mount, model_volume, placement, restricted_security,
@@ -14,6 +13,7 @@ use super::secrets::{etcd_client_args, etcd_secrets, one_key, secret_volume};
 use super::workers::one_at_a_time;
 use super::{Child, Kind, child};
 use crate::api::ServiceType;
+use crate::names;
 use crate::plan::{Discovery, Plan, Tokenizer, ValidateError};
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,

@@ -12,22 +12,20 @@ pub mod engine;
 pub mod gateway;
 pub mod gateway_flags;
 pub mod model;
-pub mod names;
 pub mod network_policy;
 pub mod overrides;
 pub mod pod;
-pub mod quantity;
 pub mod secrets;
 pub mod strategic_merge;
 pub mod token;
 pub mod workers;
 
 use crate::api::{InferaDeployment, RoutingPolicy};
+use crate::names::{self, Role};
 use crate::plan::{Observed, Plan, Platform, ValidateError, validate};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
 use kube::core::{ApiResource, GroupVersionKind};
-use names::Role;
 use serde::Serialize;
 use serde_json::Value;
 

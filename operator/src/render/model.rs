@@ -3,9 +3,9 @@
 //! replicas until the Job has succeeded, so no pod loads a half-downloaded model.
 
 use super::engine::MODEL_MOUNT;
-use super::names;
 use super::pod::restricted_security;
 use super::{Child, Kind, child};
+use crate::names;
 use crate::plan::{ModelVolume, Plan};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{

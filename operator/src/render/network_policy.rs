@@ -2,8 +2,8 @@
 //! and the peers the user adds (`spec.network.networkPolicy`).
 
 use super::engine::ENGINE_PORT;
-use super::names;
 use super::{Child, Kind, child};
+use crate::names;
 use crate::plan::Plan;
 use infera_proto::discovery::DEPLOYMENT_LABEL;
 use k8s_openapi::api::networking::v1::{

@@ -4,8 +4,8 @@
 //! period that covers the drain.
 
 use super::engine::{ENGINE_PORT, EngineCommand, KV_EVENTS_PORT, MODEL_MOUNT};
-use super::names;
 use crate::api::SchedulingSpec;
+use crate::names;
 use crate::plan::{Discovery, KvdPlan, ModelVolume, Plan, RolePlan};
 use infera_engine_prep::Launch;
 use infera_proto::sidecar::{DRAIN_TOKEN_ENV, DRAIN_TOKEN_HEADER};

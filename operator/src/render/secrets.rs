@@ -2,8 +2,9 @@
 //! on them. Each is mounted whole (no `subPath`), so the kubelet updates the files in
 //! place when the Secret changes, and the programs read them again.
 
-use super::{Child, Kind, child, names};
+use super::{Child, Kind, child};
 use crate::api::{EtcdSpec, SecretKeyRef};
+use crate::names;
 use crate::plan::{Discovery, EtcdClientTls, Plan};
 use k8s_openapi::api::core::v1::{KeyToPath, Secret, SecretVolumeSource, Volume, VolumeMount};
 

@@ -4,10 +4,10 @@
 //! deleting before creating, so they never need spare GPUs.
 
 use super::engine::{ENGINE_PORT, EngineCommand};
-use super::names::{self, Role};
 use super::overrides::apply_overrides;
 use super::pod::{NodePlace, PodInput, build_pod_template, drain_token};
 use super::{Child, Kind, child};
+use crate::names::{self, Role};
 use crate::plan::{Plan, PodOverride, RolePlan, ValidateError};
 use k8s_openapi::api::apps::v1::{
     RollingUpdateStatefulSetStrategy, StatefulSet, StatefulSetSpec, StatefulSetUpdateStrategy,

@@ -1,0 +1,57 @@
+//! The HTTP front: the listener (connections, header deadlines, TLS), the layers around
+//! the routes (API keys, admission, draining), one module per API (OpenAI, Anthropic),
+//! the gateway's own views, and the pipeline every API shares between parsing a request
+//! and rendering its answer. It parses and renders; choosing is `route/`, sending is
+//! `send/`.
+
+pub(crate) mod admin;
+pub(crate) mod anthropic;
+pub(crate) mod auth;
+pub(crate) mod body;
+pub(crate) mod errors;
+pub(crate) mod listener;
+pub(crate) mod middleware;
+pub(crate) mod openai;
+pub(crate) mod pipeline;
+pub(crate) mod reload;
+pub(crate) mod tls;
+
+use crate::state::Gateway;
+use axum::Router;
+use axum::middleware::from_fn_with_state;
+use axum::routing::{get, post};
+use std::sync::Arc;
+
+/// The state every handler shares.
+pub(crate) type Shared = Arc<Gateway>;
+
+/// The gateway's routes.
+pub(crate) fn build_router(gw: Shared) -> Router {
+    let served = Router::new()
+        .route("/v1/chat/completions", post(openai::chat))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .layer(from_fn_with_state(gw.clone(), middleware::admit));
+    let api = Router::new()
+        .merge(served)
+        .route("/v1/models", get(admin::models))
+        .route("/v1/workers", get(admin::workers))
+        .route("/v1/admin/cache-view/{worker_id}", get(admin::cache_view))
+        .layer(from_fn_with_state(gw.clone(), middleware::require_auth));
+    Router::new()
+        .merge(api)
+        .route("/health", get(admin::health))
+        .route("/infera/tokenizer", get(admin::tokenizer))
+        .route("/ready", get(admin::ready))
+        .route(
+            "/metrics",
+            get(admin::metrics).layer(from_fn_with_state(gw.clone(), middleware::metrics_auth)),
+        )
+        .fallback(errors::unknown_route)
+        .method_not_allowed_fallback(errors::method_not_allowed)
+        .layer(from_fn_with_state(
+            gw.clone(),
+            middleware::close_when_draining,
+        ))
+        .with_state(gw)
+}

@@ -1,0 +1,269 @@
+//! What every served API does between parsing a request and rendering its answer: the
+//! request's span, its routing input (the retention hint), the plan over the registry's
+//! snapshot with direct mode's pins, the forward path, the relay of the answer, and the
+//! migration context that resends a moved generation's continuation.
+
+use crate::config::RouterMode;
+use crate::http::Shared;
+use crate::http::errors::{request_id, with_request_id};
+use crate::metrics::Outcome;
+use crate::request::validate::ApiKind;
+use crate::route::plan::{PREFILL_PIN_HEADER, Pins, RouteError, WORKER_PIN_HEADER, plan};
+use crate::route::select::RoutingInput;
+use crate::send::forward::{forward, send_planned};
+use crate::send::guard::{Forwarded, RequestGuard, Sent};
+use crate::send::migration::{Continuation, MigrationState};
+use crate::send::relay::{Migration, relay_body};
+use crate::send::upstream::{Outbound, Upstream};
+use crate::state::Gateway;
+use axum::body::Body;
+use axum::http::{HeaderMap, header};
+use axum::response::Response;
+use infera_proto::error_class::{ApiError, ErrorClass};
+use infera_proto::retention::{Retention, parse_retention_hint};
+use infera_telemetry::logging::spans_exported;
+use infera_telemetry::propagation::TraceContext;
+use serde_json::{Map, Value};
+use std::time::Instant;
+
+pub(crate) fn default_model(gw: &Gateway) -> Option<String> {
+    let snap = gw.registry.snapshot();
+    let names = snap.model_names();
+    (names.len() == 1)
+        .then(|| names.into_iter().next().map(str::to_owned))
+        .flatten()
+}
+
+/// Counts a request that ended before it was sent anywhere, in its metrics and span.
+pub(crate) fn reject(gw: &Gateway, outcome: Outcome, started: Instant) {
+    gw.metrics.request_rejected("mixed", outcome, started);
+    let span = tracing::Span::current();
+    span.record("outcome", outcome.name());
+    span.record("otel.status_code", "ERROR");
+}
+
+/// What a request's body says about its routing.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RouteInput {
+    /// The client's explicit hint (it sets the kv-aware weight).
+    pub(crate) hint: Option<Retention>,
+    /// What engines are told (the hint, or the default).
+    pub(crate) retention: Retention,
+    /// Bytes of the request body: large ones are tokenized off the async workers.
+    pub(crate) body_bytes: usize,
+}
+
+/// The hint a request carries and the retention to forward.
+pub(crate) fn route_input(
+    gw: &Gateway,
+    body: &Map<String, Value>,
+    body_bytes: usize,
+) -> Result<RouteInput, ApiError> {
+    let hint = parse_retention_hint(body).map_err(|e| {
+        ApiError::new(ErrorClass::BadRequest, e.to_string()).with_param("infera_retention")
+    })?;
+    if let Some(h) = hint {
+        gw.metrics.record_cache_control(h.as_str());
+    }
+    Ok(RouteInput {
+        hint,
+        retention: hint.unwrap_or(gw.default_retention),
+        body_bytes,
+    })
+}
+
+/// A served request's span (it ends when the answer's last byte is relayed), its id,
+/// and the client's trace context, which the span continues when spans are exported.
+pub(crate) fn request_span(
+    path: &str,
+    headers: &HeaderMap,
+) -> (tracing::Span, String, TraceContext) {
+    let rid = request_id(headers);
+    // Spans cost a few allocations per request: made only when they are exported.
+    if !spans_exported() {
+        let trace = TraceContext::adopt(&tracing::Span::none(), headers);
+        return (tracing::Span::none(), rid, trace);
+    }
+    let span = tracing::info_span!(
+        "request",
+        otel.name = %format_args!("POST {path}"),
+        otel.kind = "server",
+        request_id = %rid,
+        model = tracing::field::Empty,
+        router = tracing::field::Empty,
+        worker = tracing::field::Empty,
+        prefill_worker = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    let trace = TraceContext::adopt(&span, headers);
+    (span, rid, trace)
+}
+
+/// The migration state of a streamed request the gateway may move (`--migration-limit`
+/// above 0, and nothing in it that forbids a move).
+pub(crate) fn migration_state(
+    gw: &Gateway,
+    body: &Map<String, Value>,
+    kind: ApiKind,
+    stream: bool,
+) -> Option<MigrationState> {
+    let limit = gw.upstream.migration_limit;
+    if !stream || limit == 0 {
+        return None;
+    }
+    let state = MigrationState::new(body, kind, limit);
+    state.refusal().is_none().then_some(state)
+}
+
+/// What a continuation is sent with: the request as the client made it.
+#[derive(Clone)]
+struct ResumeContext {
+    gw: Shared,
+    model: String,
+    hint: Option<Retention>,
+    retention: Retention,
+    body_bytes: usize,
+    request_id: String,
+    trace: TraceContext,
+}
+
+pub(crate) fn build_migration(
+    gw: &Shared,
+    state: MigrationState,
+    model: &str,
+    input: &RouteInput,
+    request: &Outbound<'_>,
+) -> Migration {
+    let ctx = ResumeContext {
+        gw: gw.clone(),
+        model: model.to_owned(),
+        hint: input.hint,
+        retention: input.retention,
+        body_bytes: input.body_bytes,
+        request_id: request.request_id.to_owned(),
+        trace: request.trace.clone(),
+    };
+    Migration {
+        state,
+        resume: Box::new(move |continuation, failed, guard| {
+            let ctx = ctx.clone();
+            Box::pin(async move { resend(&ctx, continuation, &failed, guard).await })
+        }),
+        failed: Vec::new(),
+    }
+}
+
+/// Sends a moved generation's continuation to a worker it has not failed on.
+async fn resend(
+    ctx: &ResumeContext,
+    continuation: Continuation,
+    failed: &[String],
+    guard: &mut RequestGuard,
+) -> Result<Sent, ApiError> {
+    let snapshot = ctx.gw.registry.snapshot();
+    let planned = plan(&snapshot, &ctx.model, Pins::default()).map_err(|e| e.to_api_error())?;
+    let plan = planned.without(failed).ok_or_else(|| {
+        ApiError::new(
+            ErrorClass::ServiceUnavailable,
+            format!(
+                "no other worker serves {} to continue the stream",
+                ctx.model
+            ),
+        )
+    })?;
+    let body = &continuation.body;
+    let routing = ctx.gw.routing.for_request(
+        RoutingInput {
+            kind: continuation.kind,
+            body,
+            body_bytes: ctx.body_bytes,
+            hint: ctx.hint,
+        },
+        plan.targets(),
+    );
+    let request = Outbound {
+        kind: continuation.kind,
+        body,
+        body_bytes: ctx.body_bytes,
+        retention: ctx.retention,
+        request_id: &ctx.request_id,
+        trace: &ctx.trace,
+        stream: true,
+        migratable: continuation.movable,
+    };
+    send_planned(&ctx.gw.upstream, &plan, &routing, &request, guard).await
+}
+
+/// The worker's answer relayed as it arrives, with its status and content type.
+pub(crate) fn relay_response(
+    forwarded: Forwarded,
+    upstream: &Upstream,
+    rid: &str,
+    migration: Option<Migration>,
+) -> Response {
+    let content_type = forwarded.response.content_type.clone();
+    let sse = forwarded.response.is_sse();
+    let status = forwarded.response.status;
+    let mut resp = Response::new(Body::from_stream(relay_body(
+        forwarded, upstream, sse, migration,
+    )));
+    *resp.status_mut() = status;
+    if let Some(ct) = content_type {
+        resp.headers_mut().insert(header::CONTENT_TYPE, ct);
+    }
+    with_request_id(resp, rid)
+}
+
+fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+}
+
+/// Plans the request on the registry's snapshot (direct mode honours the pins), then
+/// sends it down the forward path.
+pub(crate) async fn route_and_forward(
+    gw: &Gateway,
+    headers: &HeaderMap,
+    model: &str,
+    hint: Option<Retention>,
+    request: &Outbound<'_>,
+    started: Instant,
+) -> Result<Forwarded, ApiError> {
+    tracing::Span::current().record("model", model);
+    let pins = if gw.cfg.router_mode == RouterMode::Direct {
+        Pins {
+            worker: header_str(headers, WORKER_PIN_HEADER),
+            prefill: header_str(headers, PREFILL_PIN_HEADER),
+        }
+    } else {
+        Pins::default()
+    };
+    let snapshot = gw.registry.snapshot();
+    let route = if spans_exported() {
+        tracing::info_span!("route")
+    } else {
+        tracing::Span::none()
+    };
+    let planned = route.in_scope(|| {
+        let plan = plan(&snapshot, model, pins)?;
+        let routing = gw.routing.for_request(
+            RoutingInput {
+                kind: request.kind,
+                body: request.body,
+                body_bytes: request.body_bytes,
+                hint,
+            },
+            plan.targets(),
+        );
+        Ok((plan, routing))
+    });
+    let (plan, routing) = planned.map_err(|e: RouteError| {
+        reject(gw, Outcome::NoWorker, started);
+        e.to_api_error()
+    })?;
+    forward(&gw.upstream, &plan, &routing, request, started).await
+}

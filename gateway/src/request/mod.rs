@@ -1,0 +1,7 @@
+//! What a client asked, as the APIs define it (pure, shared by every front): the body's
+//! JSON bounded before it is parsed, an OpenAI request checked, an Anthropic request
+//! translated to an OpenAI chat request and its answers back.
+
+pub(crate) mod anthropic;
+pub(crate) mod json_limits;
+pub(crate) mod validate;

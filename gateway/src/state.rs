@@ -1,0 +1,220 @@
+//! The gateway's shared state and its assembly from a [`GatewayConfig`].
+
+use crate::config::{ConfigError, GatewayConfig};
+use crate::metrics::Metrics;
+use crate::route::kv_state::KvRouter;
+use crate::route::select::Routing;
+use crate::route::tokenizer::{TokenizerState, TokenizerStatus};
+use crate::send::upstream::Upstream;
+use crate::workers::breaker::Breakers;
+use crate::workers::inflight::Inflight;
+use crate::workers::registry::Registry;
+use arc_swap::ArcSwap;
+use infera_prompt::PromptCodec;
+use infera_proto::retention::Retention;
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// Everything the handlers share.
+#[derive(Debug)]
+pub struct Gateway {
+    /// Settings.
+    pub(crate) cfg: GatewayConfig,
+    /// Workers.
+    pub registry: Arc<Registry>,
+    /// Breakers.
+    pub(crate) breakers: Arc<Breakers>,
+    /// How workers are chosen (the policy and its kv-aware state).
+    pub(crate) routing: Routing,
+    /// What the forward path needs: client, breakers, metrics, timeouts.
+    pub(crate) upstream: Upstream,
+    /// Metrics.
+    pub(crate) metrics: Arc<Metrics>,
+    /// Upstream client.
+    pub(crate) client: reqwest::Client,
+    /// Accepted bearer tokens (`None`: auth off); `reload_api_keys` swaps in the file's
+    /// new keys when it changes.
+    pub(crate) api_keys: Option<ArcSwap<HashSet<String>>>,
+    /// Retention for unhinted requests.
+    pub(crate) default_retention: Retention,
+    /// In-flight requests per worker.
+    pub(crate) inflight: Arc<Inflight>,
+    /// kv-aware routing state (`--router-policy kv-aware`).
+    pub(crate) kv: Option<Arc<KvRouter>>,
+    /// Shutting down: still serving, but not ready, and closing connections after each
+    /// response (see `--shutdown-delay-s`).
+    pub(crate) draining: AtomicBool,
+    /// Admission: one permit per request being served (`None`: no limit).
+    pub(crate) admission: Option<Arc<Semaphore>>,
+    /// Where kv-aware routing's tokenizer stands (`GET /infera/tokenizer`).
+    pub(crate) tokenizer: Arc<TokenizerStatus>,
+}
+
+/// Reads a keys file: one token per line, blank lines and `#` comments skipped.
+fn load_api_keys(path: &Path) -> Result<HashSet<String>, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError(format!("--api-keys-file {}: {e}", path.display())))?;
+    let keys: HashSet<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect();
+    if keys.is_empty() {
+        return Err(ConfigError(format!(
+            "--api-keys-file {} holds no key",
+            path.display()
+        )));
+    }
+    Ok(keys)
+}
+
+impl Gateway {
+    /// Reads --api-keys-file again; true when the accepted keys changed. A file that
+    /// cannot be read or holds no key leaves the served keys as they were.
+    pub fn reload_api_keys(&self) -> Result<bool, ConfigError> {
+        let (Some(path), Some(served)) = (&self.cfg.api_keys_file, &self.api_keys) else {
+            return Ok(false);
+        };
+        let keys = load_api_keys(path)?;
+        if **served.load() == keys {
+            return Ok(false);
+        }
+        served.store(Arc::new(keys));
+        Ok(true)
+    }
+
+    /// Builds the state over `registry` (which discovery, or the caller, feeds).
+    pub fn new(cfg: GatewayConfig, registry: Arc<Registry>) -> Result<Arc<Self>, ConfigError> {
+        cfg.validate()?;
+        let api_keys = cfg
+            .api_keys_file
+            .as_deref()
+            .map(load_api_keys)
+            .transpose()?
+            .map(ArcSwap::from_pointee);
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs_f64(cfg.connect_timeout_s))
+            .pool_idle_timeout(Duration::from_secs(90))
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| ConfigError(format!("building the HTTP client: {e}")))?;
+        let breakers = Arc::new(Breakers::new(cfg.breaker()));
+        let admission = (cfg.max_concurrent_requests > 0).then(|| {
+            Arc::new(Semaphore::new(
+                cfg.max_concurrent_requests.min(Semaphore::MAX_PERMITS),
+            ))
+        });
+        let metrics = Arc::new(Metrics::default());
+        let inflight = Arc::new(Inflight::default());
+        let mut tokenizer = TokenizerState::Unused;
+        let kv = if cfg.kv_aware() {
+            tokenizer = match (
+                &cfg.router_tokenizer_path,
+                cfg.router_tokenizer_from_workers,
+            ) {
+                (Some(path), _) => TokenizerState::Local {
+                    source: path.display().to_string(),
+                },
+                (None, Some(_)) => TokenizerState::Pending {
+                    reason: "waiting for a worker's sidecar to serve its tokenizer".into(),
+                },
+                (None, None) => TokenizerState::Local {
+                    source: "bytes".into(),
+                },
+            };
+            let codec = match &cfg.router_tokenizer_path {
+                Some(path) => PromptCodec::load(path)
+                    .map_err(|e| ConfigError(format!("--router-tokenizer-path: {e}")))?,
+                // Until the workers' arrives, prompts match no engine's blocks.
+                None if cfg.router_tokenizer_from_workers.is_some() => PromptCodec::bytes(),
+                None => {
+                    tracing::warn!(
+                        "kv-aware routing without --router-tokenizer-path tokenizes prompts as UTF-8 bytes \
+                         (what infera-sim does without a tokenizer); give real engines' tokenizer folder"
+                    );
+                    PromptCodec::bytes()
+                }
+            };
+            Some(KvRouter::new(
+                Arc::new(codec),
+                cfg.kv_overlap_weight,
+                cfg.kv_approximate,
+                metrics.clone(),
+            ))
+        } else {
+            None
+        };
+        {
+            let (b, m, i, k) = (
+                breakers.clone(),
+                metrics.clone(),
+                inflight.clone(),
+                kv.clone(),
+            );
+            registry.on_remove(move |worker| {
+                b.remove(worker);
+                m.remove_worker(worker);
+                i.remove(worker);
+                if let Some(k) = &k {
+                    k.remove_worker(worker);
+                }
+            });
+        }
+        Ok(Arc::new(Self {
+            routing: Routing::new(&cfg, kv.clone(), metrics.clone()),
+            upstream: Upstream::new(
+                &cfg,
+                client.clone(),
+                breakers.clone(),
+                metrics.clone(),
+                inflight.clone(),
+            ),
+            kv,
+            default_retention: cfg.default_retention.into(),
+            cfg,
+            registry,
+            breakers,
+            metrics,
+            client,
+            api_keys,
+            inflight,
+            draining: AtomicBool::new(false),
+            admission,
+            tokenizer: Arc::new(TokenizerStatus::from_pointee(tokenizer)),
+        }))
+    }
+
+    /// The tokenizer kv-aware routing encodes prompts with (the workers' once fetched);
+    /// `None` when routing is not kv-aware.
+    pub fn router_codec(&self) -> Option<Arc<PromptCodec>> {
+        self.kv.as_ref().map(|kv| kv.codec())
+    }
+
+    /// The Prometheus exposition `/metrics` serves now.
+    pub fn metrics_text(&self) -> String {
+        let snap = self.registry.snapshot();
+        let kv = self
+            .kv
+            .as_ref()
+            .map(|k| k.gauges(snap.workers.values().map(|w| &**w)));
+        self.metrics.render(&snap, &self.breakers, kv)
+    }
+
+    /// Client connections open now (the `infera_gateway_connections_open` gauge).
+    pub fn open_connections(&self) -> usize {
+        self.metrics
+            .connections_open
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Where kv-aware routing's tokenizer stands, as `/infera/tokenizer` answers a caller
+    /// with a key.
+    pub fn tokenizer_state(&self) -> serde_json::Value {
+        serde_json::to_value(&**self.tokenizer.load()).unwrap_or_default()
+    }
+}
