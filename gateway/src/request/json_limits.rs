@@ -18,7 +18,7 @@ pub struct JsonLimits {
 
 /// What went past a limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum JsonLimitError {
+pub enum JsonLimitError {
     /// More values than `max_values`.
     TooManyValues {
         /// The limit.

@@ -2,6 +2,6 @@
 //! JSON bounded before it is parsed, an OpenAI request checked, an Anthropic request
 //! translated to an OpenAI chat request and its answers back.
 
-pub(crate) mod anthropic;
-pub(crate) mod json_limits;
-pub(crate) mod validate;
+pub mod anthropic;
+pub mod json_limits;
+pub mod validate;

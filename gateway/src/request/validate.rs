@@ -25,7 +25,7 @@ impl ApiKind {
 
 /// The fields routing needs from a validated request.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct RequestInfo {
+pub struct RequestInfo {
     /// Requested model.
     pub model: String,
     /// Whether the client asked for SSE.
