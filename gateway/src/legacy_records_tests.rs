@@ -10,11 +10,11 @@
 
 use crate::http::admin::build_worker_entry;
 use crate::metrics::Metrics;
+use crate::route::kv_events::specs_for;
 use crate::route::kv_state::{KvRouter, block_size_of};
 use crate::send::pd::connectors::resolve_protocol;
 use crate::workers::discovery::etcd::{EtcdChange, apply_etcd_change, build_synced_records};
 use crate::workers::discovery::kubernetes::{PodIndex, apply_update};
-use crate::workers::kv_events::specs_for;
 use crate::workers::registry::{Registry, Target};
 use infera_prompt::PromptCodec;
 use infera_proto::discovery::{DEFAULT_ETCD_PREFIX, WORKER_INFO_ANNOTATION};
@@ -336,8 +336,10 @@ fn etcd_event_sequences_leave_the_pool_the_earlier_registry_left() {
             }
             let pool: Vec<String> = registry.snapshot().workers.keys().cloned().collect();
             let rendered = metrics.render(
-                &registry.snapshot(),
-                &crate::workers::breaker::Breakers::default(),
+                &crate::state::worker_gauges(
+                    &registry.snapshot(),
+                    &crate::workers::breaker::Breakers::default(),
+                ),
                 None,
             );
             let canary_rejections = rendered
@@ -455,8 +457,7 @@ fn check_server_view(view: &Value, registry: &Registry) {
     );
     let gauges = kv.gauges(snap.workers.values().map(|w| &**w));
     let text = Metrics::default().render(
-        &snap,
-        &crate::workers::breaker::Breakers::default(),
+        &crate::state::worker_gauges(&snap, &crate::workers::breaker::Breakers::default()),
         Some(gauges),
     );
     let series = |text: &str, names: &[&str]| -> Vec<String> {

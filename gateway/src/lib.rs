@@ -3,29 +3,32 @@
 //! relays each request to the worker the router picks, failing over before the first
 //! byte and isolating failing workers with circuit breakers.
 //!
-//! The folders are the request's path, each a stage that imports only from the stages
-//! below it:
+//! The folders are the request's path. Each imports only from those listed after it
+//! (tests aside), so no file imports one that imports it back (`scripts/check-layout`
+//! checks the files):
 //!
 //! - `http/`: the front. Accepts connections (`listener`, `tls`), applies the layers
 //!   (`middleware`: API keys, admission, draining), reads the body within bounds
 //!   (`body`), and hands it to one module per API (`openai`, `anthropic`), which share
 //!   `pipeline` (plan, forward, relay, the migration resume) and render errors in one
 //!   place (`errors`); `admin` serves the gateway's own views.
-//! - `request/`: what a client asked, pure: the JSON bounds, an OpenAI request checked,
-//!   an Anthropic request translated.
-//! - `route/`: choosing, pure on the request's path: the plan (mixed or prefill/decode
-//!   pools, direct mode's pins), the selector for either policy with its kv charges,
-//!   rotation, the kv-aware cost, the kv state and prefix index, the tokenizer.
 //! - `send/`: sending: the shared context and the POST every leg makes (`upstream`), the
 //!   request's bookkeeping (`guard`), failover (`failover`), both prefill/decode legs
 //!   (`pd`), the NATS request plane (`nats`), the forward path over them (`forward`), the
 //!   relay back and mid-stream migration (`relay`, `migration`).
+//! - `route/`: choosing, pure on the request's path: the plan (mixed or prefill/decode
+//!   pools, direct mode's pins), the selector for either policy with its kv charges,
+//!   rotation, the kv-aware cost, the kv state with its prefix index and the KV-event
+//!   ingest that feeds it, the tokenizer.
 //! - `workers/`: who can serve: the registry, discovery, breakers, health checks,
-//!   in-flight counts, KV-event ingest.
+//!   in-flight counts.
+//! - `request/`: what a client asked, pure: the JSON bounds, an OpenAI request checked,
+//!   an Anthropic request translated.
 //!
-//! Beside them: `config` (the flags every stage reads), `state` (the shared state
-//! assembled from them), `metrics`, `offload` (heavy work kept off the async workers),
-//! and `server` (starting and stopping it all).
+//! `metrics` and `offload` (heavy work kept off the async workers) serve every stage
+//! and import none. Above the stages, `config` (the flags, naming each stage's settings)
+//! and `state` (the shared state assembled from them) sit under `http/`; `server` starts
+//! and stops it all.
 
 pub mod config;
 mod http;

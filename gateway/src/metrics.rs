@@ -6,8 +6,6 @@
 //! (removed with the worker). Values only known at scrape time (workers per mode, the
 //! breakers, the kv-aware view) are read then, from what [`Metrics::render`] is given.
 
-use crate::workers::breaker::Breakers;
-use crate::workers::registry::Snapshot;
 use infera_telemetry::metrics::{ScrapeValues, register, register_counter};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -135,6 +133,17 @@ fn pd_leg_histogram() -> Histogram {
 
 fn latency_histogram() -> Histogram {
     Histogram::new(LATENCY_BUCKETS)
+}
+
+/// What the exposition reads from the workers' side at scrape time, read by the
+/// caller (the registry's snapshot and the breakers), so the metrics know neither.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct WorkerGauges {
+    /// Registered workers taking requests, per disaggregation mode (`mixed`, `prefill`,
+    /// `decode`).
+    pub(crate) by_mode: Vec<(&'static str, usize)>,
+    /// Per worker: its breaker's state (0 closed, 1 half-open, 2 open) and trips.
+    pub(crate) breakers: Vec<(String, i64, u64)>,
 }
 
 /// kv-aware gauges read at render time.
@@ -529,33 +538,32 @@ impl Metrics {
     }
 
     /// The exposition (OpenMetrics text).
-    pub(crate) fn render(
-        &self,
-        snapshot: &Snapshot,
-        breakers: &Breakers,
-        kv: Option<KvGauges>,
-    ) -> String {
+    pub(crate) fn render(&self, workers: &WorkerGauges, kv: Option<KvGauges>) -> String {
         let mut scraped = ScrapeValues::default();
         let worker = |w: &str| vec![("worker_id", w.to_owned())];
         scraped.gauge_family(
             "infera_active_workers",
             "Registered workers taking requests, by disaggregation mode.",
-            snapshot
-                .count_by_mode()
-                .map(|(mode, n)| (vec![("disagg_mode", mode.as_str().to_owned())], n)),
+            workers
+                .by_mode
+                .iter()
+                .map(|(mode, n)| (vec![("disagg_mode", (*mode).to_owned())], *n)),
         );
-        let now = Instant::now();
-        let all = breakers.all();
         scraped.gauge_family(
             "infera_router_worker_breaker_state",
             "Breaker state per worker: 0 closed, 1 half-open, 2 open.",
-            all.iter()
-                .map(|(w, b)| (worker(w), i64::from(b.state(now).gauge()))),
+            workers
+                .breakers
+                .iter()
+                .map(|(w, state, _)| (worker(w), *state)),
         );
         scraped.counter_family(
             "infera_router_worker_breaker_trips_total",
             "Times each worker's breaker opened.",
-            all.iter().map(|(w, b)| (worker(w), b.trips())),
+            workers
+                .breakers
+                .iter()
+                .map(|(w, _, trips)| (worker(w), *trips)),
         );
         if let Some(kv) = kv {
             scraped.gauge_family(
@@ -615,6 +623,14 @@ pub fn parse_picks(metrics: &str) -> BTreeMap<(String, String), u64> {
 mod tests {
     use super::*;
 
+    /// No worker registered: every mode at 0, no breaker.
+    fn idle() -> WorkerGauges {
+        WorkerGauges {
+            by_mode: vec![("mixed", 0), ("prefill", 0), ("decode", 0)],
+            breakers: Vec::new(),
+        }
+    }
+
     #[test]
     fn gateway_series_and_forgetting_a_worker() {
         let m = Metrics::default();
@@ -625,7 +641,7 @@ mod tests {
         m.observe_ttft(0.003);
         m.observe_ttft(0.26);
         m.record_kv_event("applied");
-        let text = m.render(&Snapshot::default(), &Breakers::default(), None);
+        let text = m.render(&idle(), None);
         for line in [
             "# TYPE infera_router_picks counter",
             "infera_router_picks_total{role=\"mixed\",worker_id=\"a:1\"} 1",
@@ -649,7 +665,7 @@ mod tests {
         );
         assert_eq!(parse_picks(&text).len(), 1);
         m.remove_worker("a:1");
-        let text = m.render(&Snapshot::default(), &Breakers::default(), None);
+        let text = m.render(&idle(), None);
         assert!(!text.contains("a:1"), "{text}");
     }
 }

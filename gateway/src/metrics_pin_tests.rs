@@ -63,7 +63,10 @@ fn drive() -> String {
         targets: vec![(MIXED.to_owned(), 4, 3)],
         ..KvGauges::default()
     };
-    m.render(&registry.snapshot(), &breakers, Some(kv))
+    m.render(
+        &crate::state::worker_gauges(&registry.snapshot(), &breakers),
+        Some(kv),
+    )
 }
 
 /// A family's `# TYPE` and its samples (values as numbers).

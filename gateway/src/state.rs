@@ -1,14 +1,14 @@
 //! The gateway's shared state and its assembly from a [`GatewayConfig`].
 
 use crate::config::{ConfigError, GatewayConfig};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, WorkerGauges};
 use crate::route::kv_state::KvRouter;
 use crate::route::select::Routing;
 use crate::route::tokenizer::{TokenizerState, TokenizerStatus};
 use crate::send::upstream::Upstream;
 use crate::workers::breaker::Breakers;
 use crate::workers::inflight::Inflight;
-use crate::workers::registry::Registry;
+use crate::workers::registry::{Registry, Snapshot};
 use arc_swap::ArcSwap;
 use infera_prompt::PromptCodec;
 use infera_proto::retention::Retention;
@@ -166,14 +166,23 @@ impl Gateway {
             });
         }
         Ok(Arc::new(Self {
-            routing: Routing::new(&cfg, kv.clone(), metrics.clone()),
-            upstream: Upstream::new(
-                &cfg,
-                client.clone(),
-                breakers.clone(),
+            routing: Routing::new(
+                cfg.policy(),
+                [cfg.kv_prefill_overlap_weight, cfg.kv_decode_overlap_weight],
+                kv.clone(),
                 metrics.clone(),
-                inflight.clone(),
             ),
+            upstream: Upstream {
+                client: client.clone(),
+                breakers: breakers.clone(),
+                metrics: metrics.clone(),
+                inflight: inflight.clone(),
+                request_timeout: Duration::from_secs_f64(cfg.request_timeout_s),
+                idle_timeout: Duration::from_secs_f64(cfg.stream_idle_timeout_s),
+                max_retries: cfg.request_max_retries,
+                nats: Arc::default(),
+                migration_limit: cfg.migration_limit,
+            },
             kv,
             default_retention: cfg.default_retention.into(),
             cfg,
@@ -202,7 +211,8 @@ impl Gateway {
             .kv
             .as_ref()
             .map(|k| k.gauges(snap.workers.values().map(|w| &**w)));
-        self.metrics.render(&snap, &self.breakers, kv)
+        self.metrics
+            .render(&worker_gauges(&snap, &self.breakers), kv)
     }
 
     /// Client connections open now (the `infera_gateway_connections_open` gauge).
@@ -216,5 +226,23 @@ impl Gateway {
     /// with a key.
     pub fn tokenizer_state(&self) -> serde_json::Value {
         serde_json::to_value(&**self.tokenizer.load()).unwrap_or_default()
+    }
+}
+
+/// What `/metrics` reads from the workers' side now: workers per mode, and each
+/// breaker's state and trips.
+pub(crate) fn worker_gauges(snapshot: &Snapshot, breakers: &Breakers) -> WorkerGauges {
+    let now = std::time::Instant::now();
+    WorkerGauges {
+        by_mode: snapshot
+            .count_by_mode()
+            .iter()
+            .map(|(mode, n)| (mode.as_str(), *n))
+            .collect(),
+        breakers: breakers
+            .all()
+            .iter()
+            .map(|(w, b)| (w.clone(), i64::from(b.state(now).gauge()), b.trips()))
+            .collect(),
     }
 }

@@ -1,11 +1,13 @@
 //! Choosing where a request goes, with no I/O on the request's path: the plan (mixed
 //! pool, or prefill and decode pools; direct mode's pins), the selector that picks a
 //! worker under either policy and owns its kv charges, round-robin rotation, the
-//! kv-aware cost, the kv state and its prefix index, and the tokenizer that turns a
-//! prompt into the router's blocks. A second front (an endpoint picker) routes through
-//! these without the HTTP listener.
+//! kv-aware cost, the kv state with its prefix index and the KV-event ingest that feeds
+//! it (background tasks, one per worker), and the tokenizer that turns a prompt into the
+//! router's blocks. A second front (an endpoint picker) routes through these without
+//! the HTTP listener.
 
 pub(crate) mod kv_cost;
+pub(crate) mod kv_events;
 pub(crate) mod kv_state;
 pub(crate) mod plan;
 pub(crate) mod prefix_index;

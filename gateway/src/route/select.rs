@@ -11,14 +11,13 @@
 //! new pick, or the request's end, gives them back). [`Selector::select`] does both, as
 //! the failover loop wants.
 
-use crate::config::GatewayConfig;
 use crate::metrics::Metrics;
 use crate::offload::off_workers;
 use crate::request::validate::ApiKind;
 use crate::route::kv_state::{
     KvCharge, KvRouter, RequestBlocks, block_size_of, has_multimodal_content,
 };
-use crate::route::rotation::Policy;
+use crate::route::rotation::{Policy, PolicyKind};
 use crate::workers::registry::Target;
 use infera_proto::retention::{Retention, overlap_weight_factor};
 use serde_json::{Map, Value};
@@ -85,18 +84,22 @@ pub(crate) struct Selection {
 }
 
 impl Routing {
-    /// Routing as `cfg` sets it, over `kv`'s state when kv-aware.
+    /// Routing with `policy` (when not kv-aware, and to order failover), over `kv`'s
+    /// state when kv-aware; the prefill and decode pools score with their own overlap
+    /// weights (`--kv-prefill-overlap-weight`, `--kv-decode-overlap-weight`), the mixed
+    /// pool with `kv`'s.
     pub(crate) fn new(
-        cfg: &GatewayConfig,
+        policy: PolicyKind,
+        [prefill, decode]: [f64; 2],
         kv: Option<Arc<KvRouter>>,
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
-            policy: Policy::new(cfg.policy()),
+            policy: Policy::new(policy),
             weights: OverlapWeights {
                 mixed: kv.as_ref().map_or(1.0, |kv| kv.weight),
-                prefill: cfg.kv_prefill_overlap_weight,
-                decode: cfg.kv_decode_overlap_weight,
+                prefill,
+                decode,
             },
             kv,
             metrics,
@@ -245,7 +248,11 @@ mod tests {
                 metrics.clone(),
             )
         });
-        (Routing::new(&cfg, kv, metrics.clone()), metrics)
+        let weights = [cfg.kv_prefill_overlap_weight, cfg.kv_decode_overlap_weight];
+        (
+            Routing::new(cfg.policy(), weights, kv, metrics.clone()),
+            metrics,
+        )
     }
 
     fn completion(prompt: &str) -> Map<String, Value> {
@@ -350,7 +357,7 @@ mod tests {
         for _ in 0..2 {
             assert_eq!(request.selector("decode").choose(&[&a]), Some(0));
         }
-        let text = metrics.render(&Default::default(), &Default::default(), None);
+        let text = metrics.render(&Default::default(), None);
         assert!(
             text.contains("infera_cache_locality_skipped_total{reason=\"multimodal\"} 2"),
             "{text}"

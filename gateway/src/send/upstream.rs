@@ -3,7 +3,6 @@
 //! its way ([`Outbound`]), and the one POST every leg makes to a worker (its URL, request
 //! id, trace context and client span). Every other file of `send/` builds on these.
 
-use crate::config::GatewayConfig;
 use crate::metrics::Metrics;
 use crate::request::validate::ApiKind;
 use crate::send::nats::NatsPlane;
@@ -48,27 +47,6 @@ pub(crate) struct Upstream {
 }
 
 impl Upstream {
-    /// The context `cfg` sets, over the gateway's shared parts.
-    pub(crate) fn new(
-        cfg: &GatewayConfig,
-        client: reqwest::Client,
-        breakers: Arc<Breakers>,
-        metrics: Arc<Metrics>,
-        inflight: Arc<Inflight>,
-    ) -> Self {
-        Self {
-            client,
-            breakers,
-            metrics,
-            inflight,
-            request_timeout: Duration::from_secs_f64(cfg.request_timeout_s),
-            idle_timeout: Duration::from_secs_f64(cfg.stream_idle_timeout_s),
-            max_retries: cfg.request_max_retries,
-            nats: Arc::default(),
-            migration_limit: cfg.migration_limit,
-        }
-    }
-
     /// The request plane to reach `target` by: NATS for a worker that registered
     /// `request_transport: nats` while the gateway runs it, HTTP otherwise.
     pub(crate) fn nats_for(&self, target: &Target) -> Option<&NatsPlane> {
