@@ -6,7 +6,8 @@
 #
 # The control plane (always): kube-apiserver, etcd, nats-server, helm, kubectl, and an
 # OpenTelemetry Collector with only an OTLP receiver and a file exporter (testenv/otelcol)
-# that the gateway's OTLP trace export is tested against. With
+# that the gateway's OTLP trace export is tested against, and Prometheus' promtool
+# (testenv/promtool), which tests the chart's alerting rules. With
 # --node, also the one-node cluster of scripts/cluster: kube-controller-manager, kube-scheduler, kubelet and
 # kube-proxy (the kube-apiserver's module and version), CoreDNS (testenv/coredns), the
 # sandbox's pause process (testenv/pause), a device plugin for fake AMD GPUs and RDMA
@@ -28,6 +29,7 @@ HELM_VERSION=v3.18.6
 LWS_VERSION=v0.7.0      # sigs.k8s.io/lws (testenv/lws/go.mod; testenv/lws.sh installs it)
 COREDNS_VERSION=v1.14.1  # testenv/coredns/go.mod pins it (client-go 0.34: one minor of skew)
 OTELCOL_VERSION=v0.161.0 # testenv/otelcol/go.mod pins it (core v0.161.0, v1.67.0; contrib v0.161.0)
+PROMETHEUS_VERSION=v0.316.0 # testenv/promtool/go.mod pins it (promtool, for the chart's alerting rules)
 
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${INFERA_TESTENV_CACHE:-$HOME/.cache/infera-testenv}
@@ -88,8 +90,10 @@ kubectl=$(build kubectl "$KUBE_VERSION" kubectl \
     "-X $kv.gitVersion=$KUBE_VERSION -X $kv.gitMajor=1 -X $kv.gitMinor=$minor")
 # Static, as the collector's own releases are.
 otelcol=$(CGO_ENABLED=0 build otelcol "$OTELCOL_VERSION-$(src_key otelcol)" otelcol)
+promtool=$(CGO_ENABLED=0 build promtool "$PROMETHEUS_VERSION-$(src_key promtool)" promtool "" \
+    github.com/prometheus/prometheus/cmd/promtool)
 pairs=("KUBE_APISERVER=$apiserver" "ETCD=$etcd" "NATS_SERVER=$nats" "HELM=$helm" "KUBECTL=$kubectl"
-    "OTELCOL=$otelcol")
+    "OTELCOL=$otelcol" "PROMTOOL=$promtool")
 if [ "$with_node" = 1 ]; then
     # The node and its controllers, from the kube-apiserver's module (same dependency graph).
     for name in kube-controller-manager kube-scheduler kubelet kube-proxy; do

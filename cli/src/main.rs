@@ -1,41 +1,9 @@
 //! `infera`: see `infera --help`.
 
-use clap::{Parser, Subcommand};
+use clap::Parser;
+use infera::cli::{Cli, Command};
 use std::path::PathBuf;
 use std::process::ExitCode;
-
-/// Infera: inference orchestration for Kubernetes on AMD GPUs.
-#[derive(Debug, Parser)]
-#[command(name = "infera", version, about, long_about = None)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Run a deployment on this machine: simulated engines and the gateway in one
-    /// process, the OpenAI API on localhost. Without a manifest, two simulated vLLM
-    /// workers behind a kv-aware gateway on port 8000.
-    Up(infera::up::UpArgs),
-    /// Run a benchmark scenario of BENCHMARKS.md against a simulated fleet: a table
-    /// with progress while it runs, JSON and an SVG plot in --out.
-    Bench(Box<infera::bench::BenchArgs>),
-    /// Convert manifests of the earlier Go operator's InferaDeployment (backendFramework,
-    /// services, ...) into this project's InferaDeployment and PDTopology. Other
-    /// documents pass through; what has no equivalent is reported on stderr.
-    Convert(infera::convert::ConvertArgs),
-    /// Write the InferaDeployment and PDTopology CRDs (generated from the operator's
-    /// Rust types) to crds/ and charts/infera/crds/.
-    Crds {
-        /// Write into these directories instead (repeatable).
-        #[arg(long = "dir")]
-        dirs: Vec<PathBuf>,
-        /// Only check that the files are current; exit 1 when one is not.
-        #[arg(long)]
-        check: bool,
-    },
-}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -50,6 +18,19 @@ fn main() -> ExitCode {
                     ExitCode::from(2)
                 }
             };
+        }
+        Command::Docs { check } => {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("infera docs: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            runtime.block_on(infera::docs::run(&PathBuf::from("."), check))
         }
         Command::Crds { dirs, check } => {
             let dirs = if dirs.is_empty() {

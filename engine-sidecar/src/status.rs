@@ -99,6 +99,18 @@ async fn health(State(s): State<Shared>) -> Response {
 }
 
 async fn metrics(State(s): State<Shared>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            infera_telemetry::metrics::CONTENT_TYPE,
+        )],
+        render_metrics(&s),
+    )
+        .into_response()
+}
+
+/// The sidecar's `/metrics`: registration, drain and relay state, read now.
+pub fn render_metrics(s: &SidecarStatus) -> String {
     let mut scraped = infera_telemetry::metrics::ScrapeValues::default();
     scraped.gauge(
         "infera_sidecar_registered",
@@ -125,15 +137,7 @@ async fn metrics(State(s): State<Shared>) -> Response {
         "KV-event batches relayed to NATS.",
         s.relayed.load(Ordering::SeqCst),
     );
-    let text = infera_telemetry::metrics::render(&Default::default(), scraped);
-    (
-        [(
-            header::CONTENT_TYPE,
-            infera_telemetry::metrics::CONTENT_TYPE,
-        )],
-        text,
-    )
-        .into_response()
+    infera_telemetry::metrics::render(&Default::default(), scraped)
 }
 
 pub use infera_proto::sidecar::{DRAIN_TOKEN_ENV, DRAIN_TOKEN_HEADER};

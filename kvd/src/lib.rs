@@ -6,6 +6,7 @@
 
 pub mod arena;
 pub mod buf;
+pub mod cli;
 pub mod client;
 pub mod daemon;
 pub mod disk;

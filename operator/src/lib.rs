@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod autoscale;
+pub mod cli;
 mod clock;
 pub mod leader;
 pub mod metrics;

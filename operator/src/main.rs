@@ -4,131 +4,18 @@
 use axum::Router;
 use axum::routing::get;
 use clap::Parser;
+use infera_operator::cli::OperatorArgs;
 use infera_operator::leader::{self, LeaseConfig};
 use infera_operator::metrics::Metrics;
-use infera_operator::plan::{DEFAULT_NVME_HOST_PATHS, Images, Platform};
+use infera_operator::plan::Platform;
 use infera_operator::reconcile::{self, Settings};
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
 
-/// Reconciles InferaDeployment and PDTopology resources into engine StatefulSets (or
-/// LeaderWorkerSets), gateways, Services, PodDisruptionBudgets and RBAC, and reports
-/// Ready / Progressing / Degraded conditions.
-#[derive(Debug, Parser)]
-#[command(name = "infera-operator", version, about, long_about = None)]
-struct Cli {
-    /// Kubeconfig to use; unset: `KUBECONFIG`, `~/.kube/config`, then in-cluster.
-    #[arg(long, env = "INFERA_KUBECONFIG")]
-    kubeconfig: Option<PathBuf>,
-    /// Reconcile only this namespace; unset: every namespace.
-    #[arg(long, env = "INFERA_WATCH_NAMESPACE")]
-    namespace: Option<String>,
-    /// Deployments reconciled at once.
-    #[arg(long, env = "INFERA_CONCURRENCY", default_value_t = 8)]
-    concurrency: u16,
-    /// Elect one active replica through a coordination.k8s.io Lease.
-    #[arg(long, env = "INFERA_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
-    leader_elect: bool,
-    /// Namespace of the Lease; unset: POD_NAMESPACE, else `default`.
-    #[arg(long, env = "INFERA_LEADER_ELECTION_NAMESPACE")]
-    leader_election_namespace: Option<String>,
-    /// Name of the Lease.
-    #[arg(
-        long,
-        env = "INFERA_LEADER_ELECTION_ID",
-        default_value = "infera-operator"
-    )]
-    leader_election_id: String,
-    /// Seconds a Lease holds without renewal.
-    #[arg(long, default_value_t = 15)]
-    lease_duration_seconds: u64,
-    /// Address of /metrics, /healthz and /readyz.
-    #[arg(
-        long,
-        env = "INFERA_METRICS_BIND_ADDRESS",
-        default_value = "0.0.0.0:8080"
-    )]
-    metrics_bind_address: SocketAddr,
-    /// Registry of Infera's images (`<registry>/infera-<part>:<tag>`).
-    #[arg(long, env = "INFERA_IMAGE_REGISTRY", default_value = "ghcr.io/infera")]
-    image_registry: String,
-    /// Tag of Infera's images.
-    #[arg(long, env = "INFERA_IMAGE_TAG", default_value = env!("CARGO_PKG_VERSION"))]
-    image_tag: String,
-    /// Gateway image (overrides registry and tag).
-    #[arg(long, env = "INFERA_GATEWAY_IMAGE")]
-    gateway_image: Option<String>,
-    /// Engine sidecar image (overrides registry and tag).
-    #[arg(long, env = "INFERA_SIDECAR_IMAGE")]
-    sidecar_image: Option<String>,
-    /// Simulator image for `engine.kind: sim` (overrides registry and tag).
-    #[arg(long, env = "INFERA_SIM_IMAGE")]
-    sim_image: Option<String>,
-    /// kvd image (overrides registry and tag).
-    #[arg(long, env = "INFERA_KVD_IMAGE")]
-    kvd_image: Option<String>,
-    /// Image of model download Jobs for simulated engines, with `huggingface_hub` baked
-    /// in (vendor engine images download their own models; overrides registry and tag).
-    #[arg(long, env = "INFERA_DOWNLOADER_IMAGE")]
-    downloader_image: Option<String>,
-    /// etcd client URLs (comma-separated) for deployments that choose etcd discovery
-    /// without endpoints: the chart sets its bundled etcd here.
-    #[arg(long, env = "INFERA_DEFAULT_ETCD_ENDPOINTS", value_delimiter = ',')]
-    default_etcd_endpoints: Vec<String>,
-    /// `NAMESPACE/NAME` of the Secret holding the CA and a client certificate (`ca.crt`,
-    /// `tls.crt`, `tls.key`) of that etcd, when it requires TLS: each deployment using it
-    /// gets a copy in its own namespace. The chart sets the one it generates.
-    #[arg(long, env = "INFERA_DEFAULT_ETCD_CLIENT_SECRET", value_parser = namespaced_name)]
-    default_etcd_client_secret: Option<(String, String)>,
-    /// NATS URL for deployments that choose NATS messaging without a URL: the chart sets
-    /// its bundled NATS here.
-    #[arg(long, env = "INFERA_DEFAULT_NATS_URL")]
-    default_nats_url: Option<String>,
-    /// Node directories under which `kvCache.nvme.path` may lie (comma-separated): kvd
-    /// runs as root in that hostPath, so a deployment must not reach the node's system
-    /// directories.
-    #[arg(
-        long,
-        env = "INFERA_KV_CACHE_NVME_HOST_PATHS",
-        value_delimiter = ',',
-        default_values_t = DEFAULT_NVME_HOST_PATHS.map(String::from)
-    )]
-    kv_cache_nvme_host_paths: Vec<String>,
-    /// Log lines as JSON.
-    #[arg(long, env = "INFERA_LOG_JSON")]
-    log_json: bool,
-}
-
-/// `NAMESPACE/NAME`.
-fn namespaced_name(value: &str) -> Result<(String, String), String> {
-    match value.split_once('/') {
-        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
-            Ok((ns.to_owned(), name.to_owned()))
-        }
-        _ => Err(format!("{value:?}: expected NAMESPACE/NAME")),
-    }
-}
-
-fn images(cli: &Cli) -> Images {
-    let mut images = Images::from_registry(&cli.image_registry, &cli.image_tag);
-    let pick = |slot: &mut String, value: &Option<String>| {
-        if let Some(v) = value {
-            slot.clone_from(v);
-        }
-    };
-    pick(&mut images.gateway, &cli.gateway_image);
-    pick(&mut images.sidecar, &cli.sidecar_image);
-    pick(&mut images.sim, &cli.sim_image);
-    pick(&mut images.kvd, &cli.kvd_image);
-    pick(&mut images.downloader, &cli.downloader_image);
-    images
-}
-
-async fn client(cli: &Cli) -> Result<kube::Client, String> {
+async fn client(cli: &OperatorArgs) -> Result<kube::Client, String> {
     let config = match &cli.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
@@ -183,7 +70,7 @@ fn identity() -> String {
 
 #[tokio::main]
 async fn main() {
-    let cli = Cli::parse();
+    let cli = OperatorArgs::parse();
     let telemetry = infera_telemetry::init(infera_telemetry::LogOptions {
         service: "infera-operator",
         default_filter: "info,kube_runtime=warn".into(),
@@ -196,7 +83,7 @@ async fn main() {
     std::process::exit(run(cli).await);
 }
 
-async fn run(cli: Cli) -> i32 {
+async fn run(cli: OperatorArgs) -> i32 {
     let client = match client(&cli).await {
         Ok(c) => c,
         Err(e) => {
@@ -247,7 +134,7 @@ async fn run(cli: Cli) -> i32 {
     }
     let settings = Settings {
         platform: Platform {
-            images: images(&cli),
+            images: cli.images(),
             etcd_endpoints: cli.default_etcd_endpoints.clone(),
             nats_url: cli.default_nats_url.clone(),
             etcd_client_secret: cli.default_etcd_client_secret.clone(),

@@ -240,6 +240,72 @@ fn the_chart_lints_strictly_and_renders_with_every_values_file() {
     assert!(dashboard["panels"].as_array().unwrap().len() >= 10);
 }
 
+/// The chart's alerting rules (`metrics.prometheusRule`) as Prometheus evaluates them:
+/// `promtool check rules` on the rendered groups, then `promtool test rules` with
+/// `tests/testdata/alerts_test.yaml` (each alert firing with its labels and texts, and
+/// not firing where it must not), and every alert of the chart tested there.
+#[test]
+fn the_alerting_rules_fire_as_their_tests_say() {
+    let docs = template(&[
+        "-f",
+        &repo()
+            .join("charts/infera/ci/monitoring.yaml")
+            .to_string_lossy(),
+    ]);
+    let rule = find(&docs, "PrometheusRule", "infera");
+    let groups = &rule["spec"]["groups"];
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("rules.yaml"),
+        serde_json::to_string_pretty(&serde_json::json!({ "groups": groups })).unwrap(),
+    )
+    .unwrap();
+    let tests = repo().join("operator/tests/testdata/alerts_test.yaml");
+    std::fs::copy(&tests, dir.path().join("alerts_test.yaml")).unwrap();
+    let promtool =
+        infera_testkit::binaries::locate(infera_testkit::binaries::Binary::Promtool).unwrap();
+    for args in [
+        ["check", "rules", "rules.yaml"],
+        ["test", "rules", "alerts_test.yaml"],
+    ] {
+        let out = std::process::Command::new(&promtool)
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "promtool {args:?}:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let cases: Value = serde_saphyr::from_str(&std::fs::read_to_string(&tests).unwrap()).unwrap();
+    let firing: Vec<&str> = cases["tests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|t| t["alert_rule_test"].as_array().unwrap())
+        .filter(|c| c["exp_alerts"].as_array().is_some_and(|a| !a.is_empty()))
+        .filter_map(|c| c["alertname"].as_str())
+        .collect();
+    let alerts: Vec<&str> = groups
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .filter_map(|r| r["alert"].as_str())
+        .collect();
+    assert!(alerts.len() >= 10, "{alerts:?}");
+    for alert in alerts {
+        assert!(
+            firing.contains(&alert),
+            "{alert} has no case in {} where it fires",
+            tests.display()
+        );
+    }
+}
+
 #[test]
 fn bad_values_are_refused_with_the_field_named() {
     let cases: [(&str, &str); 6] = [

@@ -38,6 +38,7 @@ pub fn register_counter(
     help: &str,
     metric: impl Metric + TypedMetric,
 ) {
+    declare(counter_family(series), help, metric.metric_type().as_str());
     registry.register(counter_family(series), registry_help(help), metric);
 }
 
@@ -48,7 +49,47 @@ fn registry_help(help: &str) -> &str {
 
 /// Registers a gauge or histogram (or a family of them) named `name`.
 pub fn register(registry: &mut Registry, name: &str, help: &str, metric: impl Metric) {
+    declare(name, help, metric.metric_type().as_str());
     registry.register(name, registry_help(help), metric);
+}
+
+/// A family a registry was given: what its `# HELP` and `# TYPE` lines say once it has
+/// a sample (an empty family is not written at all).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Declared {
+    /// The family's name (a counter's without `_total`).
+    pub name: String,
+    /// Its help text.
+    pub help: String,
+    /// `counter`, `gauge`, `histogram`, ...
+    pub kind: String,
+}
+
+thread_local! {
+    /// Set while [`declarations_of`] runs on this thread.
+    static DECLARED: std::cell::RefCell<Option<Vec<Declared>>> = const { std::cell::RefCell::new(None) };
+}
+
+fn declare(name: &str, help: &str, kind: &str) {
+    DECLARED.with(|d| {
+        if let Some(list) = d.borrow_mut().as_mut() {
+            list.push(Declared {
+                name: name.to_owned(),
+                help: format!("{}.", registry_help(help)),
+                kind: kind.to_owned(),
+            });
+        }
+    });
+}
+
+/// Runs `f` and returns it with every family it registered on this thread, in order:
+/// the complete list of what a binary's registry can export, samples or not (the
+/// reference pages are written from it).
+pub fn declarations_of<T>(f: impl FnOnce() -> T) -> (T, Vec<Declared>) {
+    DECLARED.with(|d| *d.borrow_mut() = Some(Vec::new()));
+    let value = f();
+    let list = DECLARED.with(|d| d.borrow_mut().take()).unwrap_or_default();
+    (value, list)
 }
 
 /// A value read at scrape time.

@@ -24,6 +24,8 @@ pub enum Binary {
     /// The OpenTelemetry Collector (testenv/otelcol: the OTLP receiver and a file
     /// exporter).
     Otelcol,
+    /// Prometheus' promtool (testenv/promtool), for the chart's alerting rules.
+    Promtool,
 }
 
 impl Binary {
@@ -36,6 +38,7 @@ impl Binary {
             Self::Helm => "HELM",
             Self::Kubectl => "KUBECTL",
             Self::Otelcol => "OTELCOL",
+            Self::Promtool => "PROMTOOL",
         }
     }
 
@@ -47,6 +50,7 @@ impl Binary {
             Self::Helm => "helm",
             Self::Kubectl => "kubectl",
             Self::Otelcol => "otelcol",
+            Self::Promtool => "promtool",
         }
     }
 }
