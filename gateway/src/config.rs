@@ -522,7 +522,7 @@ pub fn build_earlier_default_notice(differences: &[EarlierDifference]) -> String
         .collect();
     format!(
         "defaults that differ from the earlier python -m infera.server (give the flag to choose; \
-         README \"Migrating from the earlier Infera\"): {}",
+         the book's how-to/migrate.md): {}",
         items.join("; ")
     )
 }

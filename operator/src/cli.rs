@@ -2,6 +2,7 @@
 //! images of Infera's own parts it renders into deployments, and the platform's etcd,
 //! NATS and node paths. Each flag has an `INFERA_*` environment variable.
 
+use crate::api::PullPolicy;
 use crate::plan::{DEFAULT_NVME_HOST_PATHS, Images};
 use clap::Parser;
 use std::net::SocketAddr;
@@ -90,9 +91,43 @@ pub struct OperatorArgs {
         default_values_t = DEFAULT_NVME_HOST_PATHS.map(String::from)
     )]
     pub kv_cache_nvme_host_paths: Vec<String>,
+    /// When the kubelet pulls Infera's images in the pods the operator renders
+    /// (gateways, downloads, and engines of release 0.2.0 on); unset: Kubernetes'
+    /// default.
+    #[arg(long, env = "INFERA_IMAGE_PULL_POLICY", value_enum)]
+    pub image_pull_policy: Option<PullPolicyArg>,
+    /// A Secret in the operator's namespace that pulls Infera's images (repeatable or
+    /// comma-separated): copied into each deployment's namespace and named by every pod
+    /// the operator renders there (engines from release 0.2.0 on).
+    #[arg(long, env = "INFERA_IMAGE_PULL_SECRETS", value_delimiter = ',')]
+    pub image_pull_secret: Vec<String>,
     /// Log lines as JSON.
     #[arg(long, env = "INFERA_LOG_JSON")]
     pub log_json: bool,
+}
+
+/// `--image-pull-policy` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PullPolicyArg {
+    /// Every time a container starts.
+    #[value(name = "Always")]
+    Always,
+    /// Only when the node does not have the image.
+    #[value(name = "IfNotPresent")]
+    IfNotPresent,
+    /// Never: the image must be on the node.
+    #[value(name = "Never")]
+    Never,
+}
+
+impl From<PullPolicyArg> for PullPolicy {
+    fn from(arg: PullPolicyArg) -> Self {
+        match arg {
+            PullPolicyArg::Always => Self::Always,
+            PullPolicyArg::IfNotPresent => Self::IfNotPresent,
+            PullPolicyArg::Never => Self::Never,
+        }
+    }
 }
 
 /// `NAMESPACE/NAME`.

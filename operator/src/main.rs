@@ -135,6 +135,9 @@ async fn run(cli: OperatorArgs) -> i32 {
     let settings = Settings {
         platform: Platform {
             images: cli.images(),
+            registry: cli.image_registry.clone(),
+            pull_policy: cli.image_pull_policy.map(Into::into),
+            pull_secrets: cli.image_pull_secret.clone(),
             etcd_endpoints: cli.default_etcd_endpoints.clone(),
             nats_url: cli.default_nats_url.clone(),
             etcd_client_secret: cli.default_etcd_client_secret.clone(),

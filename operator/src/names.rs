@@ -145,3 +145,8 @@ pub fn model_cache(instance: &str) -> String {
 pub fn model_download(instance: &str) -> String {
     format!("{instance}-model-download")
 }
+
+/// The copy, in a deployment's namespace, of the operator's pull secret `secret`.
+pub fn pull_secret_copy(instance: &str, secret: &str) -> String {
+    format!("{instance}-pull-{secret}")
+}

@@ -86,7 +86,7 @@ fn the_chart_lints_strictly_and_renders_with_every_values_file() {
         c["securityContext"]["capabilities"]["drop"],
         serde_json::json!(["ALL"])
     );
-    assert_eq!(c["image"], "ghcr.io/infera/infera-operator:0.1.0");
+    assert_eq!(c["image"], "ghcr.io/infera/infera-operator:0.2.0");
     let args: Vec<&str> = c["args"]
         .as_array()
         .unwrap()

@@ -14,6 +14,7 @@ use infera_testkit::process::{ServerProcess, free_port};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
@@ -45,6 +46,16 @@ impl Operator {
     /// Starts the operator on `namespace`, acting as the chart's ServiceAccount (so the
     /// chart's RBAC is what it gets), its Lease in the operator namespace.
     async fn start(kubeconfig: &Path, namespace: &str, extra: &[&str]) -> Self {
+        Self::start_with_env(kubeconfig, namespace, extra, &[]).await
+    }
+
+    /// As [`Operator::start`], with more environment variables.
+    async fn start_with_env(
+        kubeconfig: &Path,
+        namespace: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let client = infera_testkit::kube_client().await.unwrap();
         let kubeconfig = support::operator_kubeconfig(&client, kubeconfig).await;
         let dir = tempfile::tempdir().unwrap();
@@ -73,10 +84,12 @@ impl Operator {
             "test".into(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
+        let mut vars = vec![("RUST_LOG", "info,infera_operator=debug")];
+        vars.extend_from_slice(env);
         let process = ServerProcess::start_with_env(
             Path::new(env!("CARGO_BIN_EXE_infera-operator")),
             &args,
-            &[("RUST_LOG", "info,infera_operator=debug")],
+            &vars,
             &log,
         )
         .unwrap();
@@ -953,5 +966,131 @@ async fn a_killed_operator_is_replaced_and_the_new_leader_converges() {
     for op in [&second, &standby] {
         op.assert_never_forbidden();
     }
+    support::drop_namespace(&client, &ns).await;
+}
+
+/// The chart's pull secret (`imagePullSecrets` in the operator's namespace) is copied
+/// into the deployment's namespace and named by every pod the operator renders there,
+/// with the chart's pull policy on Infera's images; the operator needs no more than the
+/// chart's RBAC for it; new engines run this release (`status.platform`).
+#[tokio::test]
+async fn the_operators_pull_secret_is_copied_and_named_by_every_pod() {
+    let client = infera_testkit::kube_client().await.unwrap();
+    let kubeconfig = infera_testkit::kubeconfig().await.unwrap();
+    install(&client).await;
+    let ns = namespace(&client).await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), support::OPERATOR_NAMESPACE);
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "fixture-pull"},
+        "type": "kubernetes.io/dockerconfigjson",
+        "stringData": {".dockerconfigjson": r#"{"auths":{"registry.example":{"auth":"Zml4dHVyZTpwdWxs"}}}"#},
+    }))
+    .unwrap();
+    secrets
+        .patch(
+            "fixture-pull",
+            &PatchParams::apply("fixture").force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .unwrap();
+    apply_yaml(
+        &kubeconfig,
+        &ns,
+        "apiVersion: infera.amd.com/v1alpha1
+kind: InferaDeployment
+metadata: {name: pulled}
+spec:
+  model: {name: pulled-model, source: {hostPath: {path: /models/none}}}
+  engine: {kind: sim}
+",
+    );
+    let op = Operator::start_with_env(
+        &kubeconfig,
+        &ns,
+        &[
+            "--image-pull-secret",
+            "fixture-pull",
+            "--image-pull-policy",
+            "Always",
+        ],
+        &[("POD_NAMESPACE", support::OPERATOR_NAMESPACE)],
+    )
+    .await;
+    let copies: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let copy = support::eventually(
+        "the pull secret's copy",
+        Duration::from_secs(60),
+        || async {
+            copies
+                .get_opt("pulled-pull-fixture-pull")
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| "not yet".to_owned())
+        },
+    )
+    .await;
+    assert_eq!(
+        copy.type_.as_deref(),
+        Some("kubernetes.io/dockerconfigjson")
+    );
+    assert_eq!(copy.data, secrets.get("fixture-pull").await.unwrap().data);
+    let sets = dyn_api(&client, &ns, Kind::StatefulSet);
+    let sts = support::eventually(
+        "the engine StatefulSet",
+        Duration::from_secs(60),
+        || async {
+            sets.get_opt("pulled-mixed")
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| "not yet".to_owned())
+        },
+    )
+    .await;
+    let pod = &sts.data["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["imagePullSecrets"],
+        json!([{"name": "pulled-pull-fixture-pull"}]),
+        "{pod}"
+    );
+    let sidecar = pod["initContainers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "sidecar")
+        .unwrap();
+    assert_eq!(sidecar["imagePullPolicy"], "Always");
+    assert_eq!(
+        sts.metadata.annotations.as_ref().unwrap()["infera.amd.com/platform-version"],
+        env!("CARGO_PKG_VERSION")
+    );
+    let gateways = dyn_api(&client, &ns, Kind::Deployment);
+    let gw = support::eventually(
+        "the gateway Deployment",
+        Duration::from_secs(60),
+        || async {
+            gateways
+                .get_opt("pulled-gateway")
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| "not yet".to_owned())
+        },
+    )
+    .await;
+    assert_eq!(
+        gw.data["spec"]["template"]["spec"]["imagePullSecrets"],
+        json!([{"name": "pulled-pull-fixture-pull"}])
+    );
+    let d = support::eventually("status.platform", Duration::from_secs(60), || async {
+        get_idep(&client, &ns, "pulled")
+            .await
+            .status
+            .and_then(|s| s.platform)
+            .ok_or_else(|| "not yet".to_owned())
+    })
+    .await;
+    assert_eq!(d.engines, env!("CARGO_PKG_VERSION"));
+    assert_eq!(d.available, None);
+    op.assert_never_forbidden();
     support::drop_namespace(&client, &ns).await;
 }

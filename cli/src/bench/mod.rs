@@ -110,8 +110,8 @@ pub struct BenchArgs {
     /// `{metrics_port}` by another free port and `{workers}` by the simulators' URLs (one
     /// argument each), e.g. "sglang=python -m sglang_router.launch_router --host
     /// 127.0.0.1 --port {port} --prometheus-port {metrics_port} --worker-urls {workers}
-    /// --policy cache_aware". S1, S2 and S3 then run only the peers and any --policies;
-    /// S8 runs them beside its own policies.
+    /// --policy cache_aware". S1 runs them beside the gateway; S2 and S3 run only the
+    /// peers and any --policies; S8 runs them beside its own policies.
     #[arg(long = "router-cmd", value_name = "[NAME=]COMMAND")]
     pub router_cmd: Vec<String>,
     /// Pin the router under test (Infera's gateway threads or a peer's process, via

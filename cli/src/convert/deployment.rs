@@ -621,7 +621,7 @@ fn check_with_operator(documents: &[Value], f: &mut Findings) {
     let observed = Observed {
         topology: topology.as_ref(),
         model_ready: true,
-        etcd_client_tls: None,
+        ..Default::default()
     };
     if let Err(e) = infera_operator::render::render(&idep, observed, &platform) {
         f.error("spec", format!("the operator would refuse the result: {e}"));

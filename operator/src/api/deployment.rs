@@ -3,6 +3,7 @@
 
 use super::autoscaling::{AutoscalingSpec, AutoscalingStatus, RoleReplicas};
 use super::common::{EngineKind, Parallelism, RetentionClass, SecretKeyRef, SimFlavor, one};
+use super::platform::{LocalSecret, PlatformSpec, PlatformStatus, PullPolicy};
 use k8s_openapi::api::core::v1::{
     Affinity, EnvVar, ResourceRequirements, Toleration, TopologySpreadConstraint,
 };
@@ -82,6 +83,29 @@ pub struct InferaDeploymentSpec {
     /// says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<AutoscalingSpec>,
+    /// The release of Infera's own parts in the engine pods (see `status.platform`).
+    /// Unset: engines keep the release they run across operator upgrades.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub platform: Option<PlatformSpec>,
+    /// Secrets (`kubernetes.io/dockerconfigjson`, in this namespace) every pod of the
+    /// deployment pulls its images with: engines, gateways, the model download. Added to
+    /// the ones the operator was installed with (the chart's `imagePullSecrets`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub image_pull_secrets: Vec<LocalSecret>,
+    /// When the kubelet pulls the images of every container of the deployment's pods
+    /// (the engine's included). Unset: the operator's setting (the chart's
+    /// `image.pullPolicy`) for Infera's images, Kubernetes' default for the others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<PullPolicy>,
+}
+
+/// Moves per stream for operator-made gateways: a decode worker lost mid-stream is not
+/// the client's problem (Dynamo recommends 3 for its gateway, whose flag defaults to 0).
+pub const DEFAULT_MIGRATION_LIMIT: u32 = 3;
+
+fn default_migration_limit() -> u32 {
+    DEFAULT_MIGRATION_LIMIT
 }
 
 fn one_i32() -> i32 {
@@ -581,8 +605,10 @@ pub struct GatewaySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<GatewayTls>,
     /// Times a streamed generation may move to another worker when its worker fails or
-    /// drains mid-stream (`--migration-limit`); 0 (the default) never moves one.
-    #[serde(default)]
+    /// drains mid-stream (`--migration-limit`), continuing from what the client already
+    /// received; 0 never moves one (the gateway's own default, as the earlier server's).
+    /// Deployments stored before release 0.2.0 keep the 0 they were stored with.
+    #[serde(default = "default_migration_limit")]
     #[schemars(range(max = 16))]
     pub migration_limit: u32,
     /// Placement of gateway pods (node selector, tolerations, affinity, priority,
@@ -622,7 +648,7 @@ impl Default for GatewaySpec {
             api_keys_secret_ref: None,
             metrics_require_auth: false,
             tls: None,
-            migration_limit: 0,
+            migration_limit: default_migration_limit(),
             scheduling: SchedulingSpec::default(),
             pod_template: None,
         }
@@ -911,6 +937,10 @@ pub struct InferaDeploymentStatus {
     /// The autoscaler's last look (with `spec.autoscaling`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<AutoscalingStatus>,
+    /// Which release of Infera's parts the engine pods run, and a newer one this
+    /// operator renders (`spec.platform.version` moves them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub platform: Option<PlatformStatus>,
 }
 
 /// One role's workers.

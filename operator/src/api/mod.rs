@@ -8,12 +8,14 @@ pub mod autoscaling;
 pub mod common;
 pub mod crd;
 pub mod deployment;
+pub mod platform;
 pub mod resolve;
 pub mod topology;
 
 pub use autoscaling::*;
 pub use common::*;
 pub use deployment::*;
+pub use platform::*;
 pub use topology::*;
 
 /// API group.

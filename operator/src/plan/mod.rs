@@ -11,10 +11,12 @@
 //! - [`platform`]: what the operator was started with (images, cluster etcd and NATS);
 //! - [`routing`]: how the gateway routes; [`validate`]: the checks and the plan.
 
+pub mod engine_platform;
 pub mod platform;
 pub mod routing;
 pub mod validate;
 
+pub use engine_platform::{EnginePlatform, LiveEngines, PlatformChoice};
 pub use platform::{DEFAULT_NVME_HOST_PATHS, Images, Platform};
 pub use routing::{GatewayRouting, Tokenizer};
 pub use validate::{EtcdClientTls, Observed, ValidateError, plan_deployment, validate};
@@ -52,7 +54,27 @@ pub struct Plan {
     pub model_ready: bool,
     /// Autoscaled: the namespace of the operator, whose pods scrape the engines.
     pub autoscaler_namespace: Option<String>,
+    /// Which release of Infera's parts each role's engine pods may run.
+    pub engine_platforms: BTreeMap<Role, PlatformChoice>,
+    /// How every pod pulls its images.
+    pub pull: PullPlan,
 }
+
+/// How the deployment's pods pull their images.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PullPlan {
+    /// `spec.imagePullPolicy`: every container.
+    pub policy: Option<crate::api::PullPolicy>,
+    /// The operator's policy for Infera's images (`--image-pull-policy`).
+    pub platform_policy: Option<crate::api::PullPolicy>,
+    /// `spec.imagePullSecrets`, in the deployment's namespace.
+    pub secrets: Vec<String>,
+    /// The operator's pull secrets, copied into the namespace: (copy's name, data).
+    pub copies: Vec<(String, PullSecretData)>,
+}
+
+/// A pull secret's type and data, as stored.
+pub type PullSecretData = (String, BTreeMap<String, k8s_openapi::ByteString>);
 
 /// The deployment, as the owner of its children.
 #[derive(Debug, Clone, PartialEq)]

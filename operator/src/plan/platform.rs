@@ -1,7 +1,7 @@
 //! What the operator was started with (its flags): Infera's images, and the etcd and
 //! NATS the chart installed for deployments that name none of their own.
 
-use crate::api::{DiscoveryBackend, InferaDeploymentSpec};
+use crate::api::{DiscoveryBackend, InferaDeploymentSpec, PullPolicy};
 
 /// Container images of the parts Infera ships.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,8 +37,17 @@ impl Images {
 /// chart installed, which deployments use when they name none of their own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Platform {
-    /// Images.
+    /// Images of this operator's release.
     pub images: Images,
+    /// Where Infera's images of other releases are (`--image-registry`): engines kept
+    /// on an older release take its images from their own pods, or from here.
+    pub registry: String,
+    /// When the kubelet pulls Infera's images (`--image-pull-policy`); unset:
+    /// Kubernetes' default.
+    pub pull_policy: Option<PullPolicy>,
+    /// Pull secrets in the operator's namespace (`--image-pull-secret`), copied into each
+    /// deployment's namespace and named by every pod it renders.
+    pub pull_secrets: Vec<String>,
     /// Client URLs of the cluster's etcd (`--default-etcd-endpoints`).
     pub etcd_endpoints: Vec<String>,
     /// URL of the cluster's NATS (`--default-nats-url`).
@@ -63,6 +72,9 @@ impl Platform {
     pub fn with_images(images: Images) -> Self {
         Self {
             images,
+            registry: "ghcr.io/infera".into(),
+            pull_policy: None,
+            pull_secrets: Vec::new(),
             etcd_endpoints: Vec::new(),
             nats_url: None,
             etcd_client_secret: None,

@@ -41,6 +41,7 @@ fn observed<'a>(topology: Option<&'a PDTopology>, tls: Option<&'a EtcdClientTls>
         topology,
         model_ready: true,
         etcd_client_tls: tls,
+        ..Default::default()
     }
 }
 

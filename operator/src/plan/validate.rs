@@ -1,9 +1,11 @@
 //! Validation (pure): an `InferaDeployment`, what was observed around it and the
 //! platform become a [`Plan`], or the one reason it cannot run (a `Degraded` condition).
 
+use super::engine_platform::{LiveEngines, choose_platform};
 use super::{
     DeploymentPlan, Discovery, EnginePlan, GatewayPlan, GatewayRouting, KvdPlan, ModelPlan,
-    ModelVolume, NvmePlan, Owner, PdLeg, Plan, Platform, PodOverride, RolePlan,
+    ModelVolume, NvmePlan, Owner, PdLeg, Plan, Platform, PodOverride, PullPlan, PullSecretData,
+    RolePlan,
 };
 use crate::api::resolve::{
     Launch, ResolveError, Workers, gpus_per_worker, launch, resolve_workers, unit_size,
@@ -15,6 +17,7 @@ use crate::api::{
 use crate::{names, quantity};
 use kube::Resource;
 use names::Role;
+use std::collections::BTreeMap;
 use std::path::{Component, Path};
 
 /// What validation needs besides the deployment: read from the API server.
@@ -29,6 +32,10 @@ pub struct Observed<'a> {
     /// ([`Platform::etcd_client_secret`]), when the deployment uses that etcd and it
     /// exists.
     pub etcd_client_tls: Option<&'a EtcdClientTls>,
+    /// The deployment's engine workloads as they stand, by name (none yet: empty).
+    pub engines: Option<&'a BTreeMap<String, LiveEngines>>,
+    /// The operator's pull secrets ([`Platform::pull_secrets`]) that exist, by name.
+    pub pull_secrets: Option<&'a BTreeMap<String, PullSecretData>>,
 }
 
 /// A Secret's data, as stored.
@@ -95,6 +102,11 @@ pub enum ValidateError {
     /// The object was never stored (no uid for owner references).
     #[error("the InferaDeployment has no uid or namespace yet")]
     NotStored,
+    /// A pull secret the operator was installed with does not exist.
+    #[error(
+        "the operator pulls images with Secret {0}, which does not exist in its namespace (the chart's imagePullSecrets): create it, or remove it from the chart's values"
+    )]
+    PullSecretMissing(String),
 }
 
 impl ValidateError {
@@ -113,6 +125,7 @@ impl ValidateError {
             Self::Engine { .. } => "UnsupportedByEngine",
             Self::PodTemplate { .. } => "InvalidPodTemplate",
             Self::NotStored => "NotStored",
+            Self::PullSecretMissing(_) => "PullSecretMissing",
         }
     }
 }
@@ -153,7 +166,49 @@ pub fn validate(
         }
         _ => None,
     };
+    let engine_platforms = deployment
+        .roles
+        .iter()
+        .map(|role| {
+            let live = observed
+                .engines
+                .and_then(|e| e.get(&names::workers(&name, role.role)));
+            let sim_engine =
+                matches!(deployment.launch, Launch::Sim(_)) && deployment.engine.image.is_none();
+            let choice = choose_platform(
+                spec.platform.as_ref().map(|p| p.version),
+                live,
+                sim_engine,
+                &platform.images,
+                &platform.registry,
+            );
+            (role.role, choice)
+        })
+        .collect();
+    let copies = platform
+        .pull_secrets
+        .iter()
+        .map(|secret| {
+            observed
+                .pull_secrets
+                .and_then(|found| found.get(secret))
+                .map(|data| (names::pull_secret_copy(&name, secret), data.clone()))
+                .ok_or_else(|| ValidateError::PullSecretMissing(secret.clone()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let pull = PullPlan {
+        policy: spec.image_pull_policy,
+        platform_policy: platform.pull_policy,
+        secrets: spec
+            .image_pull_secrets
+            .iter()
+            .map(|s| s.name.clone())
+            .collect(),
+        copies,
+    };
     Ok(Plan {
+        engine_platforms,
+        pull,
         owner: Owner {
             name,
             namespace,

@@ -315,6 +315,7 @@ fn observe_roles(rendered: &Rendered, applied: &[Applied]) -> Vec<RoleObservatio
                     .find(|(role, _)| *role == r.role)
                     .map(|(_, n)| *n)
                     .unwrap_or(1),
+                platform: r.platform,
             }
         })
         .collect()
@@ -444,10 +445,15 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
     let model = model_state(&ctx.client, idep, &namespace).await?;
     let etcd_client_tls =
         observe::etcd_client_tls(&ctx.client, idep, &ctx.settings.platform).await?;
+    let lws = ctx.lws_installed(false).await;
+    let engines = observe::engine_workloads(&ctx.client, &namespace, &name, lws).await?;
+    let pull_secrets = observe::pull_secrets(&ctx.client, &ctx.settings.platform).await?;
     let observed = Observed {
         topology: topology.as_ref(),
         model_ready: !matches!(model, ModelState::Downloading | ModelState::Failed(_)),
         etcd_client_tls: etcd_client_tls.as_ref(),
+        engines: Some(&engines),
+        pull_secrets: Some(&pull_secrets),
     };
     let selector = names::engine_selector_string(&name);
     let rendered = match validate(idep, observed, &ctx.settings.platform).and_then(|p| build(&p)) {

@@ -3,10 +3,15 @@
 use super::ReconcileError;
 use super::status::ModelState;
 use crate::api::InferaDeployment;
+use crate::api::PlatformVersion;
 use crate::names;
-use crate::plan::{EtcdClientTls, Platform};
+use crate::plan::engine_platform::{PLATFORM_ANNOTATION, TEMPLATE_DIGEST_ANNOTATION};
+use crate::plan::{EtcdClientTls, LiveEngines, Platform, PullSecretData};
+use crate::render::Kind;
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, PodSpec, Secret};
+use kube::api::DynamicObject;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 
@@ -145,4 +150,114 @@ pub async fn fetch_pods(
             what: "the deployment's pods",
             source,
         })
+}
+
+/// The deployment's engine workloads by name (its StatefulSets, and LeaderWorkerSets
+/// where that CRD is served): what the operator recorded on each and its pods' images,
+/// so a kept release renders the same template ([`crate::plan::engine_platform`]).
+pub async fn engine_workloads(
+    client: &Client,
+    namespace: &str,
+    instance: &str,
+    lws: bool,
+) -> Result<std::collections::BTreeMap<String, LiveEngines>, ReconcileError> {
+    let selector = format!(
+        "{},{}=engine",
+        names::children_selector(instance),
+        names::COMPONENT_LABEL
+    );
+    let params = ListParams::default().labels(&selector);
+    let mut out = std::collections::BTreeMap::new();
+    let sets = Api::<StatefulSet>::namespaced(client.clone(), namespace)
+        .list(&params)
+        .await
+        .map_err(|source| ReconcileError::Observe {
+            what: "the engine StatefulSets",
+            source,
+        })?;
+    for set in sets {
+        let spec = set.spec.as_ref().and_then(|s| s.template.spec.as_ref());
+        let name = set.metadata.name.clone().unwrap_or_default();
+        out.insert(
+            name,
+            build_live_engines(set.metadata.annotations.as_ref(), spec),
+        );
+    }
+    if lws {
+        let ar = Kind::LeaderWorkerSet.api_resource();
+        let sets = Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &ar)
+            .list(&params)
+            .await
+            .map_err(|source| ReconcileError::Observe {
+                what: "the engine LeaderWorkerSets",
+                source,
+            })?;
+        for set in sets {
+            let spec: Option<PodSpec> = serde_json::from_value(
+                set.data["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"].clone(),
+            )
+            .ok();
+            let name = set.metadata.name.clone().unwrap_or_default();
+            out.insert(
+                name,
+                build_live_engines(set.metadata.annotations.as_ref(), spec.as_ref()),
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// What an engine workload's annotations and pod spec say (pure).
+pub fn build_live_engines(
+    annotations: Option<&std::collections::BTreeMap<String, String>>,
+    spec: Option<&PodSpec>,
+) -> LiveEngines {
+    let recorded = annotations.and_then(|a| a.get(PLATFORM_ANNOTATION));
+    let image = |name: &str| {
+        spec.and_then(|s| {
+            s.init_containers
+                .iter()
+                .flatten()
+                .chain(&s.containers)
+                .find(|c| c.name == name)
+                .and_then(|c| c.image.clone())
+        })
+    };
+    LiveEngines {
+        version: recorded.and_then(|v| PlatformVersion::parse(v)),
+        recorded: recorded.is_some(),
+        template_digest: annotations.and_then(|a| a.get(TEMPLATE_DIGEST_ANNOTATION).cloned()),
+        sidecar: image("sidecar"),
+        kvd: image("kvd"),
+        engine: image("engine"),
+    }
+}
+
+/// The data of the operator's pull secrets that exist (in its own namespace), by name:
+/// copied into each deployment's namespace.
+pub async fn pull_secrets(
+    client: &Client,
+    platform: &Platform,
+) -> Result<std::collections::BTreeMap<String, PullSecretData>, ReconcileError> {
+    let mut out = std::collections::BTreeMap::new();
+    let Some(namespace) = &platform.operator_namespace else {
+        return Ok(out);
+    };
+    let api = Api::<Secret>::namespaced(client.clone(), namespace);
+    for name in &platform.pull_secrets {
+        let secret = api
+            .get_opt(name)
+            .await
+            .map_err(|source| ReconcileError::Observe {
+                what: "the operator's pull secrets",
+                source,
+            })?;
+        if let Some(s) = secret {
+            let type_ = s
+                .type_
+                .unwrap_or_else(|| "kubernetes.io/dockerconfigjson".into());
+            out.insert(name.clone(), (type_, s.data.unwrap_or_default()));
+        }
+    }
+    Ok(out)
 }

@@ -4,6 +4,7 @@
 use super::gateway_tokenizer::GatewayTokenizer;
 use super::pod_problems::{PodProblem, of_component, summarize};
 use crate::api::{InferaDeploymentStatus, RoleStatus};
+use crate::api::{PlatformStatus, PlatformVersion};
 use crate::names::Role;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -20,6 +21,8 @@ pub struct RoleObservation {
     pub ready: i32,
     /// Workers of this role per topology unit (mixed: 1).
     pub per_unit: u32,
+    /// The release of Infera's parts its pods run.
+    pub platform: PlatformVersion,
 }
 
 /// The model download.
@@ -245,7 +248,34 @@ pub fn compute_status(
         };
         conditions.push(cond("Autoscaling", ok, reason, message));
     }
+    let platform = match obs
+        .roles
+        .as_ref()
+        .and_then(|r| r.iter().map(|r| r.platform).min())
+    {
+        Some(engines) => Some(build_platform_status(engines)),
+        None => prev.platform.clone(),
+    };
+    if let Some(p) = &platform {
+        let (ok, reason, message) = match &p.available {
+            None => (
+                true,
+                "Current",
+                format!("the engines run Infera {}'s sidecar and kvd", p.engines),
+            ),
+            Some(newer) => (
+                false,
+                "NewerPlatformAvailable",
+                format!(
+                    "the engines run Infera {}'s sidecar and kvd; {newer} is available: set spec.platform.version: \"{newer}\" to move them (their pods roll one at a time)",
+                    p.engines
+                ),
+            ),
+        };
+        conditions.push(cond("PlatformCurrent", ok, reason, message));
+    }
     InferaDeploymentStatus {
+        platform,
         observed_generation: generation,
         conditions,
         replicas,
@@ -256,6 +286,16 @@ pub fn compute_status(
         // The autoscaler's own field (its field manager): kept for comparison, never
         // written by the reconcile.
         autoscaling: prev.autoscaling,
+    }
+}
+
+/// `status.platform` for engines on `engines`: a newer release when this operator
+/// renders one.
+pub fn build_platform_status(engines: PlatformVersion) -> PlatformStatus {
+    PlatformStatus {
+        engines: engines.as_str().to_owned(),
+        available: (engines < PlatformVersion::CURRENT)
+            .then(|| PlatformVersion::CURRENT.as_str().to_owned()),
     }
 }
 

@@ -9,6 +9,7 @@ use super::overrides::apply_overrides;
 use super::pod::{
     SIDECAR_PORT, cpu_and_memory, model_mount, model_volume, placement, restricted_security,
 };
+use super::pull::{PodKind, apply_pull};
 use super::secrets::{etcd_client_args, etcd_secrets, one_key, secret_volume};
 use super::workers::one_at_a_time;
 use super::{Child, Kind, child};
@@ -263,21 +264,23 @@ pub fn build_gateway(plan: &Plan, model_path: &str) -> Result<Vec<Child>, Valida
         volume_mounts: (!mounts.is_empty()).then_some(mounts),
         ..Default::default()
     };
+    let mut spec = PodSpec {
+        service_account_name: Some(names::gateway(instance)),
+        // Only Kubernetes discovery talks to the API server.
+        automount_service_account_token: Some(plan.discovery == Discovery::Kubernetes),
+        termination_grace_period_seconds: Some(GATEWAY_GRACE_S),
+        containers: vec![container],
+        volumes: (!volumes.is_empty()).then_some(volumes),
+        enable_service_links: Some(false),
+        ..placement(&g.scheduling)
+    };
+    apply_pull(&mut spec, &plan.pull, PodKind::Platform, &["gateway"]);
     let template = PodTemplateSpec {
         metadata: Some(ObjectMeta {
             labels: Some(labels.clone()),
             ..Default::default()
         }),
-        spec: Some(PodSpec {
-            service_account_name: Some(names::gateway(instance)),
-            // Only Kubernetes discovery talks to the API server.
-            automount_service_account_token: Some(plan.discovery == Discovery::Kubernetes),
-            termination_grace_period_seconds: Some(GATEWAY_GRACE_S),
-            containers: vec![container],
-            volumes: (!volumes.is_empty()).then_some(volumes),
-            enable_service_links: Some(false),
-            ..placement(&g.scheduling)
-        }),
+        spec: Some(spec),
     };
     let template = apply_overrides(template, &g.pod_override.iter().collect::<Vec<_>>())?;
     let deployment = Deployment {

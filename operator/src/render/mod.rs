@@ -15,6 +15,7 @@ pub mod model;
 pub mod network_policy;
 pub mod overrides;
 pub mod pod;
+pub mod pull;
 pub mod secrets;
 pub mod strategic_merge;
 pub mod token;
@@ -151,6 +152,8 @@ pub struct RoleWorkers {
     pub kind: Kind,
     /// Its name.
     pub name: String,
+    /// The release of Infera's parts its pods run.
+    pub platform: crate::api::PlatformVersion,
 }
 
 /// Everything a deployment should consist of.
@@ -216,6 +219,7 @@ pub fn build(plan: &Plan) -> Result<Rendered, ValidateError> {
     if let Some(data) = &plan.etcd_client_copy {
         children.push(secrets::build_etcd_client_copy(plan, data));
     }
+    children.extend(secrets::build_pull_secret_copies(plan));
     children.extend(gateway::build_identity(plan));
     children.extend(network_policy::build_engine_network_policy(plan));
     let download_job = match model::build_model_download(plan) {
@@ -239,6 +243,7 @@ pub fn build(plan: &Plan) -> Result<Rendered, ValidateError> {
             rendered,
             kind: set.kind,
             name: set.name.clone(),
+            platform: set.platform,
         });
         children.extend(set.children);
     }

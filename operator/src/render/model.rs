@@ -4,6 +4,7 @@
 
 use super::engine::MODEL_MOUNT;
 use super::pod::restricted_security;
+use super::pull::{PodKind, apply_pull};
 use super::{Child, Kind, child};
 use crate::names;
 use crate::plan::{ModelVolume, Plan};
@@ -151,6 +152,11 @@ pub fn build_model_download(plan: &Plan) -> Option<Vec<Child>> {
         }),
         ..Default::default()
     };
+    let mut job = job;
+    if let Some(spec) = job.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+        let infera: &[&str] = if own_downloader { &["download"] } else { &[] };
+        apply_pull(spec, &plan.pull, PodKind::Platform, infera);
+    }
     let mut out = vec![child(Kind::PersistentVolumeClaim, pvc, None)];
     if !plan.model_ready {
         out.push(child(Kind::Job, job, Some(&plan.owner.reference)));

@@ -4,9 +4,10 @@
 //! period that covers the drain.
 
 use super::engine::{ENGINE_PORT, EngineCommand, KV_EVENTS_PORT, MODEL_MOUNT};
+use super::pull::{PodKind, apply_pull};
 use crate::api::SchedulingSpec;
 use crate::names;
-use crate::plan::{Discovery, KvdPlan, ModelVolume, Plan, RolePlan};
+use crate::plan::{Discovery, EnginePlatform, KvdPlan, ModelVolume, Plan, RolePlan};
 use infera_engine_prep::Launch;
 use infera_proto::sidecar::{DRAIN_TOKEN_ENV, DRAIN_TOKEN_HEADER};
 use infera_proto::worker::EngineKind;
@@ -76,7 +77,11 @@ fn with_node_env(command: &[String]) -> Vec<String> {
 
 /// The init container of a real engine's pod: `infera-engine-sidecar node-env` finds the
 /// node's RDMA facts and makes the model link (see `infera_engine_sidecar::node_env`).
-fn node_env_container(plan: &Plan, engine: &EngineCommand) -> Option<Container> {
+fn node_env_container(
+    plan: &Plan,
+    engine: &EngineCommand,
+    platform: &EnginePlatform,
+) -> Option<Container> {
     if !needs_node_env(plan) {
         return None;
     }
@@ -97,7 +102,7 @@ fn node_env_container(plan: &Plan, engine: &EngineCommand) -> Option<Container> 
     args.extend(["--out".into(), ENGINE_ENV_FILE.into()]);
     Some(Container {
         name: "node-env".into(),
-        image: Some(plan.images.sidecar.clone()),
+        image: Some(platform.sidecar.clone()),
         args: Some(args),
         volume_mounts: Some(vec![mount("engine-env", ENGINE_ENV_DIR)]),
         security_context: Some(restricted_security()),
@@ -336,6 +341,8 @@ pub struct PodInput<'a> {
     pub engine: &'a EngineCommand,
     /// What the `preStop` hook presents to the sidecar's `/drain` (`drain_token`).
     pub drain_token: &'a str,
+    /// The release of Infera's parts the pod runs, with its images.
+    pub platform: &'a EnginePlatform,
 }
 
 /// The sidecar's `/drain` answers loopback callers and whoever presents this: the
@@ -540,7 +547,7 @@ fn sidecar_container(input: &PodInput<'_>) -> Container {
     });
     Container {
         name: "sidecar".into(),
-        image: Some(input.plan.images.sidecar.clone()),
+        image: Some(input.platform.sidecar.clone()),
         args: Some(sidecar_args(input.plan, input.engine)),
         env: Some(dedupe_env(env)),
         // A native sidecar: started before the engine, stopped after it.
@@ -607,7 +614,7 @@ fn engine_container(input: &PodInput<'_>) -> Container {
             d.engine
                 .image
                 .clone()
-                .unwrap_or_else(|| plan.images.sim.clone()),
+                .unwrap_or_else(|| input.platform.sim.clone()),
         ),
         command: Some(command),
         env: Some(dedupe_env(env)),
@@ -674,9 +681,11 @@ pub fn build_pod_template(input: &PodInput<'_>) -> PodTemplateSpec {
     let plan = input.plan;
     let d = &plan.deployment;
     let instance = plan.owner.name.as_str();
-    let mut init: Vec<Container> = node_env_container(plan, input.engine).into_iter().collect();
+    let mut init: Vec<Container> = node_env_container(plan, input.engine, input.platform)
+        .into_iter()
+        .collect();
     if let Some(kvd) = &d.kvd {
-        init.push(kvd_container(kvd, &plan.images.kvd));
+        init.push(kvd_container(kvd, &input.platform.kvd));
     }
     if input.place == NodePlace::Leader {
         init.push(sidecar_container(input));
@@ -686,6 +695,32 @@ pub fn build_pod_template(input: &PodInput<'_>) -> PodTemplateSpec {
     labels.insert("infera.amd.com/engine".into(), d.launch.word().into());
     let sched = &d.scheduling;
     let host_network = d.network.rdma.enabled && d.network.rdma.host_network;
+    let mut spec = PodSpec {
+        service_account_name: Some(names::service_account(instance)),
+        // The sidecar alone gets a token (`token`), and only for Kubernetes discovery.
+        automount_service_account_token: Some(false),
+        init_containers: (!init.is_empty()).then_some(init),
+        containers: vec![engine_container(input)],
+        volumes: Some(volumes(plan)),
+        termination_grace_period_seconds: Some(grace_period_seconds(d.engine.drain_seconds)),
+        // Service env vars would collide with engine settings (a Service named
+        // `vllm` sets VLLM_PORT).
+        enable_service_links: Some(false),
+        host_network: host_network.then_some(true),
+        dns_policy: host_network.then(|| "ClusterFirstWithHostNet".into()),
+        ..placement(sched)
+    };
+    // The simulator is Infera's image; a vendor engine's is not.
+    let mut infera = vec!["node-env", "kvd", "sidecar"];
+    if d.engine.image.is_none() {
+        infera.push("engine");
+    }
+    apply_pull(
+        &mut spec,
+        &plan.pull,
+        PodKind::Engine(input.platform.version),
+        &infera,
+    );
     PodTemplateSpec {
         metadata: Some(ObjectMeta {
             labels: Some(labels),
@@ -697,21 +732,7 @@ pub fn build_pod_template(input: &PodInput<'_>) -> PodTemplateSpec {
             }),
             ..Default::default()
         }),
-        spec: Some(PodSpec {
-            service_account_name: Some(names::service_account(instance)),
-            // The sidecar alone gets a token (`token`), and only for Kubernetes discovery.
-            automount_service_account_token: Some(false),
-            init_containers: (!init.is_empty()).then_some(init),
-            containers: vec![engine_container(input)],
-            volumes: Some(volumes(plan)),
-            termination_grace_period_seconds: Some(grace_period_seconds(d.engine.drain_seconds)),
-            // Service env vars would collide with engine settings (a Service named
-            // `vllm` sets VLLM_PORT).
-            enable_service_links: Some(false),
-            host_network: host_network.then_some(true),
-            dns_policy: host_network.then(|| "ClusterFirstWithHostNet".into()),
-            ..placement(sched)
-        }),
+        spec: Some(spec),
     }
 }
 

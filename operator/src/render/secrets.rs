@@ -120,3 +120,24 @@ pub fn build_etcd_client_copy(plan: &Plan, data: &EtcdClientTls) -> Child {
     };
     child(Kind::Secret, secret, Some(&plan.owner.reference))
 }
+
+/// The copies, in the deployment's namespace, of the operator's pull secrets (type and
+/// data as the originals have them), owned by the deployment.
+pub fn build_pull_secret_copies(plan: &Plan) -> Vec<Child> {
+    plan.pull
+        .copies
+        .iter()
+        .map(|(name, (type_, data))| {
+            let secret = Secret {
+                metadata: plan.owner.meta(
+                    name.clone(),
+                    names::instance_labels(&plan.owner.name, "pull-secret"),
+                ),
+                type_: Some(type_.clone()),
+                data: Some(data.clone()),
+                ..Default::default()
+            };
+            child(Kind::Secret, secret, Some(&plan.owner.reference))
+        })
+        .collect()
+}

@@ -1,7 +1,8 @@
 use super::*;
 use crate::api::{InferaDeployment, PDTopology};
-use crate::plan::{EtcdClientTls, Images};
+use crate::plan::{EtcdClientTls, Images, LiveEngines};
 use serde_json::{Value, json};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 fn repo() -> PathBuf {
@@ -1581,4 +1582,279 @@ fn an_autoscaled_deployment_admits_the_operator_to_its_engines_metrics() {
         (replicas(&r, "prefill"), replicas(&r, "decode")),
         (json!(1), json!(1))
     );
+}
+
+/// Every example folder with its deployments and topologies.
+fn examples() -> Vec<(String, Vec<InferaDeployment>, Vec<PDTopology>)> {
+    let mut out: Vec<_> = std::fs::read_dir(repo().join("examples"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("deployment.yaml").exists())
+        .map(|p| {
+            let (deps, topos) = load(&p.join("deployment.yaml"));
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                deps,
+                topos,
+            )
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// The engine workloads release 0.1.0 made of an example: (name, pod templates).
+fn frozen_0_1_0(folder: &str) -> Vec<(String, Vec<Value>)> {
+    let path = repo().join(format!("operator/snapshots/platform-0.1.0/{folder}.yaml"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (a new example has no 0.1.0 templates: add it to the skip list)",
+            path.display()
+        )
+    });
+    serde_saphyr::from_multiple::<Value>(&text)
+        .unwrap()
+        .into_iter()
+        .filter(|d| !d.is_null())
+        .map(|d| {
+            (
+                d["name"].as_str().unwrap().to_owned(),
+                d["templates"].as_array().unwrap().clone(),
+            )
+        })
+        .collect()
+}
+
+/// An engine workload child's templates and annotations.
+fn engine_workload(child: &Child) -> (Vec<Value>, Value) {
+    let o = &child.object;
+    let templates = match child.kind {
+        Kind::StatefulSet => vec![o["spec"]["template"].clone()],
+        _ => vec![
+            o["spec"]["leaderWorkerTemplate"]["leaderTemplate"].clone(),
+            o["spec"]["leaderWorkerTemplate"]["workerTemplate"].clone(),
+        ],
+    };
+    (templates, o["metadata"]["annotations"].clone())
+}
+
+fn render_over(
+    dep: &InferaDeployment,
+    topos: &[PDTopology],
+    engines: &BTreeMap<String, LiveEngines>,
+    platform: &Platform,
+) -> Rendered {
+    let topology = topos
+        .iter()
+        .find(|t| t.metadata.name.as_deref() == dep.spec.serving.topology_ref.as_deref());
+    let secrets = pull_secret_found();
+    render(
+        dep,
+        Observed {
+            topology,
+            model_ready: true,
+            engines: Some(engines),
+            pull_secrets: Some(&secrets),
+            ..Default::default()
+        },
+        platform,
+    )
+    .unwrap()
+}
+
+/// What observe reads of the workloads release 0.1.0 made (no release recorded).
+fn live_0_1_0(frozen: &[(String, Vec<Value>)]) -> BTreeMap<String, LiveEngines> {
+    frozen
+        .iter()
+        .map(|(name, templates)| {
+            let spec: k8s_openapi::api::core::v1::PodSpec =
+                serde_json::from_value(templates[0]["spec"].clone()).unwrap();
+            (
+                name.clone(),
+                crate::reconcile::observe::build_live_engines(None, Some(&spec)),
+            )
+        })
+        .collect()
+}
+
+/// The operator of this release, with images of its own tag and the chart's pull
+/// settings: nothing of it may reach engines kept on 0.1.0.
+fn upgraded_platform() -> Platform {
+    Platform {
+        pull_policy: Some(crate::api::PullPolicy::Always),
+        pull_secrets: vec!["infera-registry".into()],
+        ..Platform::with_images(Images::from_registry(
+            "registry.example/infera",
+            "0.2.0-new",
+        ))
+    }
+}
+
+fn pull_secret_found() -> BTreeMap<String, crate::plan::PullSecretData> {
+    BTreeMap::from([(
+        "infera-registry".to_owned(),
+        ("kubernetes.io/dockerconfigjson".to_owned(), BTreeMap::new()),
+    )])
+}
+
+/// An operator upgrade restarts no engine: the engine workloads release 0.1.0 made of
+/// every example (its templates, frozen in `operator/snapshots/platform-0.1.0/`, no
+/// release recorded on them) are rendered by this operator, whose own images have
+/// another tag and whose chart sets pull settings, into the very same templates, now
+/// recorded as 0.1.0 with their digest.
+#[test]
+fn engines_made_by_0_1_0_keep_their_templates_byte_for_byte() {
+    let platform = upgraded_platform();
+    let secrets = pull_secret_found();
+    let mut checked = 0;
+    for (folder, deps, topos) in examples() {
+        let frozen = frozen_0_1_0(&folder);
+        let engines = live_0_1_0(&frozen);
+        for dep in &deps {
+            let topology = topos
+                .iter()
+                .find(|t| t.metadata.name.as_deref() == dep.spec.serving.topology_ref.as_deref());
+            let rendered = render(
+                dep,
+                Observed {
+                    topology,
+                    model_ready: true,
+                    engines: Some(&engines),
+                    pull_secrets: Some(&secrets),
+                    ..Default::default()
+                },
+                &platform,
+            )
+            .unwrap();
+            for child in rendered
+                .children
+                .iter()
+                .filter(|c| matches!(c.kind, Kind::StatefulSet | Kind::LeaderWorkerSet))
+            {
+                let (want_name, want) = frozen
+                    .iter()
+                    .find(|(n, _)| *n == child.name)
+                    .unwrap_or_else(|| {
+                        panic!("{folder}: {} is not in the 0.1.0 templates", child.name)
+                    });
+                let (templates, annotations) = engine_workload(child);
+                assert!(
+                    &templates == want,
+                    "{folder}/{want_name}: the 0.1.0 template changed (gate the change on a new release):\nnow  {}\n0.1.0 {}",
+                    serde_json::to_string(&templates).unwrap(),
+                    serde_json::to_string(want).unwrap()
+                );
+                assert_eq!(annotations["infera.amd.com/platform-version"], "0.1.0");
+                assert_eq!(
+                    annotations["infera.amd.com/engine-template-digest"],
+                    workers::build_template_digest(
+                        &serde_json::from_value::<Vec<k8s_openapi::api::core::v1::PodTemplateSpec>>(
+                            Value::Array(want.clone())
+                        )
+                        .unwrap()
+                    )
+                );
+                checked += 1;
+            }
+            assert!(
+                rendered
+                    .roles
+                    .iter()
+                    .all(|r| r.platform == crate::api::PlatformVersion::V0_1_0),
+                "{folder}"
+            );
+        }
+    }
+    assert!(checked >= 15, "{checked} workloads");
+}
+
+/// After the upgrade, the kept release holds while the engine spec does not change;
+/// an engine spec change (the pods roll anyway) moves them to this release, with its
+/// pull settings; `spec.platform.version` moves them without one.
+#[test]
+fn engines_move_to_this_release_on_their_own_change_or_when_asked() {
+    let platform = upgraded_platform();
+    let secrets = pull_secret_found();
+    let (deps, topos) = load(&repo().join("examples/sim/deployment.yaml"));
+    let dep = &deps[0];
+    let frozen = frozen_0_1_0("sim");
+    // The first reconcile after the upgrade records 0.1.0 and the digest.
+    let first = render_over(dep, &topos, &live_0_1_0(&frozen), &platform);
+    let workload = first
+        .children
+        .iter()
+        .find(|c| c.kind == Kind::StatefulSet)
+        .unwrap();
+    let (templates, annotations) = engine_workload(workload);
+    let spec: k8s_openapi::api::core::v1::PodSpec =
+        serde_json::from_value(templates[0]["spec"].clone()).unwrap();
+    let recorded: BTreeMap<String, String> = serde_json::from_value(annotations).unwrap();
+    let live = BTreeMap::from([(
+        workload.name.clone(),
+        crate::reconcile::observe::build_live_engines(Some(&recorded), Some(&spec)),
+    )]);
+    let observed = |dep: &InferaDeployment| {
+        let topology = topos
+            .iter()
+            .find(|t| t.metadata.name.as_deref() == dep.spec.serving.topology_ref.as_deref());
+        render(
+            dep,
+            Observed {
+                topology,
+                model_ready: true,
+                engines: Some(&live),
+                pull_secrets: Some(&secrets),
+                ..Default::default()
+            },
+            &platform,
+        )
+        .unwrap()
+    };
+    let release = |r: &Rendered| r.roles[0].platform;
+    let template = |r: &Rendered| {
+        engine_workload(
+            r.children
+                .iter()
+                .find(|c| c.kind == Kind::StatefulSet)
+                .unwrap(),
+        )
+        .0
+    };
+    // Unchanged: kept.
+    let again = observed(dep);
+    assert_eq!(release(&again), crate::api::PlatformVersion::V0_1_0);
+    assert_eq!(template(&again), templates);
+    // A change of the gateway alone does not touch the engines.
+    let mut gw = dep.clone();
+    gw.spec.gateway.replicas += 1;
+    assert_eq!(template(&observed(&gw)), templates);
+    // An engine arg: the pods roll, onto this release (its images, its pull settings).
+    let mut changed = dep.clone();
+    changed.spec.engine.args.push("--jitter".into());
+    changed.spec.engine.args.push("0.1".into());
+    let moved = observed(&changed);
+    assert_eq!(release(&moved), crate::api::PlatformVersion::CURRENT);
+    let pod = &template(&moved)[0];
+    assert_eq!(
+        container(pod, "initContainers", "sidecar")["image"],
+        "registry.example/infera/infera-engine-sidecar:0.2.0-new"
+    );
+    assert_eq!(
+        container(pod, "initContainers", "sidecar")["imagePullPolicy"],
+        "Always"
+    );
+    assert_eq!(
+        pod["spec"]["imagePullSecrets"],
+        json!([{"name": "sim-mixed-pull-infera-registry"}])
+    );
+    // Asked for: moved with the spec as it is.
+    let mut pinned = dep.clone();
+    pinned.spec.platform = Some(crate::api::PlatformSpec {
+        version: crate::api::PlatformVersion::V0_2_0,
+    });
+    assert_eq!(
+        release(&observed(&pinned)),
+        crate::api::PlatformVersion::V0_2_0
+    );
+    assert_ne!(template(&observed(&pinned)), templates);
 }

@@ -2,16 +2,27 @@
 //! worker spans nodes, plus a headless Service (stable pod DNS for bootstrap and
 //! rendezvous) and a PodDisruptionBudget. Rollouts replace one worker at a time,
 //! deleting before creating, so they never need spare GPUs.
+//!
+//! The pod template is rendered under the release of Infera's parts the role keeps
+//! when that gives the template the workload records, else under the target release
+//! ([`crate::plan::engine_platform`]); the workload records the release and the
+//! template's digest in its own annotations.
 
 use super::engine::{ENGINE_PORT, EngineCommand};
 use super::overrides::apply_overrides;
 use super::pod::{NodePlace, PodInput, build_pod_template, drain_token};
 use super::{Child, Kind, child};
+use crate::api::PlatformVersion;
 use crate::names::{self, Role};
+use crate::plan::engine_platform::{
+    PLATFORM_ANNOTATION, TEMPLATE_DIGEST_ANNOTATION, build_release_platform,
+};
+use crate::plan::{EnginePlatform, PlatformChoice};
 use crate::plan::{Plan, PodOverride, RolePlan, ValidateError};
 use k8s_openapi::api::apps::v1::{
     RollingUpdateStatefulSetStrategy, StatefulSet, StatefulSetSpec, StatefulSetUpdateStrategy,
 };
+use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -28,6 +39,27 @@ pub struct BuiltRole {
     pub name: String,
     /// Every object of the role.
     pub children: Vec<Child>,
+    /// The release of Infera's parts its pods run.
+    pub platform: PlatformVersion,
+}
+
+/// The digest a workload records of its pod templates (the leader's, then a
+/// follower's): the first 16 hex characters of the SHA-256 of their JSON.
+pub fn build_template_digest(templates: &[PodTemplateSpec]) -> String {
+    use sha2::Digest;
+    let mut hash = sha2::Sha256::new();
+    for t in templates {
+        hash.update(serde_json::to_vec(t).unwrap_or_default());
+    }
+    hex::encode(&hash.finalize()[..8])
+}
+
+/// The annotations of an engine workload: its pods' release and template digest.
+fn platform_annotations(version: PlatformVersion, digest: String) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (PLATFORM_ANNOTATION.to_owned(), version.as_str().to_owned()),
+        (TEMPLATE_DIGEST_ANNOTATION.to_owned(), digest),
+    ])
 }
 
 fn headless_service(plan: &Plan, role: Role) -> Child {
@@ -97,20 +129,65 @@ pub fn build_role_set(
     let instance = plan.owner.name.as_str();
     let name = names::workers(instance, role.role);
     let drain_token = drain_token(&plan.owner.reference.uid);
-    let input = |place| PodInput {
-        plan,
-        role,
-        place,
-        engine,
-        drain_token: &drain_token,
-    };
     let overrides: Vec<&PodOverride> = role.pod_overrides.iter().collect();
-    let template = |place| apply_overrides(build_pod_template(&input(place)), &overrides);
     let nodes = role.parallelism.nodes_per_worker;
+    // The leader's template, then a follower's for multi-node workers.
+    let templates = |platform: &EnginePlatform| -> Result<Vec<PodTemplateSpec>, ValidateError> {
+        let places: &[NodePlace] = if nodes > 1 {
+            &[NodePlace::Leader, NodePlace::Follower]
+        } else {
+            &[NodePlace::Leader]
+        };
+        places
+            .iter()
+            .map(|&place| {
+                let input = PodInput {
+                    plan,
+                    role,
+                    place,
+                    engine,
+                    drain_token: &drain_token,
+                    platform,
+                };
+                apply_overrides(build_pod_template(&input), &overrides)
+            })
+            .collect()
+    };
+    let fallback;
+    let choice = match plan.engine_platforms.get(&role.role) {
+        Some(choice) => choice,
+        None => {
+            fallback = PlatformChoice::new_role(build_release_platform(
+                PlatformVersion::CURRENT,
+                &plan.images,
+                "",
+            ));
+            &fallback
+        }
+    };
+    // The kept release when it gives the recorded template (no restart), else the target.
+    let kept = match &choice.kept {
+        Some((platform, recorded)) => {
+            let rendered = templates(platform)?;
+            let digest = build_template_digest(&rendered);
+            (recorded.is_none() || recorded.as_deref() == Some(digest.as_str()))
+                .then_some((platform, rendered, digest))
+        }
+        None => None,
+    };
+    let (platform, mut rendered, digest) = match kept {
+        Some(kept) => kept,
+        None => {
+            let rendered = templates(&choice.target)?;
+            let digest = build_template_digest(&rendered);
+            (&choice.target, rendered, digest)
+        }
+    };
+    let version = platform.version;
     let labels = names::role_labels(instance, role.role);
     let (kind, workload) = if nodes > 1 {
-        let leader = template(NodePlace::Leader)?;
-        let worker = template(NodePlace::Follower)?;
+        let worker = rendered.pop().unwrap_or_default();
+        let leader = rendered.pop().unwrap_or_default();
         let object = json!({
             "apiVersion": "leaderworkerset.x-k8s.io/v1",
             "kind": "LeaderWorkerSet",
@@ -118,6 +195,7 @@ pub fn build_role_set(
                 "name": name,
                 "namespace": plan.owner.namespace,
                 "labels": labels,
+                "annotations": platform_annotations(version, digest),
                 "ownerReferences": [plan.owner.reference],
             },
             "spec": {
@@ -144,8 +222,10 @@ pub fn build_role_set(
             },
         )
     } else {
+        let mut metadata = plan.owner.meta(name.clone(), labels);
+        metadata.annotations = Some(platform_annotations(version, digest));
         let sts = StatefulSet {
-            metadata: plan.owner.meta(name.clone(), labels),
+            metadata,
             spec: Some(StatefulSetSpec {
                 replicas: Some(replicas),
                 service_name: Some(name.clone()),
@@ -162,7 +242,7 @@ pub fn build_role_set(
                         ..Default::default()
                     }),
                 }),
-                template: template(NodePlace::Leader)?,
+                template: rendered.pop().unwrap_or_default(),
                 ..Default::default()
             }),
             ..Default::default()
@@ -180,5 +260,6 @@ pub fn build_role_set(
             workload,
             disruption_budget(plan, role.role),
         ],
+        platform: version,
     })
 }

@@ -224,6 +224,9 @@ pub async fn operator_kubeconfig(client: &kube::Client, admin: &Path) -> PathBuf
                 "templates/rbac.yaml",
                 "--show-only",
                 "templates/serviceaccount.yaml",
+                // The RBAC of a chart with a pull secret: the copy needs its `get`.
+                "--set",
+                "imagePullSecrets[0].name=fixture-pull",
             ]);
             assert!(ok, "helm template of the chart's RBAC: {err}");
             let (ok, out, err) = kubectl(

@@ -13,6 +13,7 @@ fn role(role: Role, desired: i32, current: i32, ready: i32, per_unit: u32) -> Ro
         current,
         ready,
         per_unit,
+        platform: PlatformVersion::CURRENT,
     }
 }
 
