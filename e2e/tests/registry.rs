@@ -149,6 +149,45 @@ async fn helm_upgrade(cluster: &Cluster, set: &[&str]) {
     run(&locate(Binary::Helm).unwrap(), &args).await;
 }
 
+/// Puts the release back on the chart's own images (no pull secret, its pull policy)
+/// when dropped, passed or failed, so the tests after this one find it as it was.
+struct RestoreRelease(std::path::PathBuf);
+
+impl Drop for RestoreRelease {
+    fn drop(&mut self) {
+        let chart = repo().join("charts/infera");
+        let out = std::process::Command::new(locate(Binary::Helm).unwrap())
+            .arg("--kubeconfig")
+            .arg(&self.0)
+            .args(["upgrade", "infera"])
+            .arg(&chart)
+            .args([
+                "-n",
+                RELEASE_NAMESPACE,
+                "--reuse-values",
+                "--wait",
+                "--timeout",
+                "300s",
+            ])
+            .args([
+                "--set",
+                "image.registry=ghcr.io/infera",
+                "--set",
+                "image.pullPolicy=IfNotPresent",
+            ])
+            .args(["--set-json", "imagePullSecrets=[]"])
+            .output();
+        match out {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => eprintln!(
+                "restoring the release: {}",
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Err(e) => eprintln!("restoring the release: {e}"),
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_release_pushed_to_a_private_registry_is_pulled_with_its_secret() {
     let cluster = Cluster::connect().await.unwrap();
@@ -299,6 +338,7 @@ spec:
 
     // 2. Infera itself from the registry: every image pulled, always, with the secret.
     pull_secret(&cluster, RELEASE_NAMESPACE, &host).await;
+    let restore = RestoreRelease(cluster.kubeconfig().to_owned());
     let registry = format!("image.registry={host}/infera");
     helm_upgrade(
         &cluster,
@@ -361,15 +401,7 @@ spec:
         .unwrap();
     assert_eq!(sidecar["imagePullPolicy"], "Always");
 
-    // Back to the release as it was.
-    helm_upgrade(
-        &cluster,
-        &[
-            "image.registry=ghcr.io/infera",
-            "image.pullPolicy=IfNotPresent",
-            "imagePullSecrets={}",
-        ],
-    )
-    .await;
+    // Back to the release as it was (also when the test fails: the guard).
+    drop(restore);
     let _ = std::fs::remove_dir_all(hosts);
 }
