@@ -8,28 +8,32 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use futures::StreamExt;
 use infera_e2e::load::Load;
 use infera_e2e::{Cluster, RELEASE_NAMESPACE};
 use serde_json::Value;
 use std::time::Duration;
 
-/// Requests ever published to the request plane's JetStream stream (its last sequence:
-/// a work queue deletes what its consumers acknowledge), asked of the chart's NATS at its
-/// pod's address (the tests run on the node).
-async fn requests_in_stream(cluster: &Cluster) -> u64 {
+/// A connection to the chart's NATS at its pod's address (the tests run on the node).
+async fn charts_nats(cluster: &Cluster) -> async_nats::Client {
     let pods = cluster
         .pods(RELEASE_NAMESPACE, "app.kubernetes.io/name=infera-nats")
         .await
         .unwrap();
     let ip = pods[0]["status"]["podIP"].as_str().unwrap().to_owned();
-    let client = async_nats::connect(format!("nats://{ip}:4222"))
+    async_nats::connect(format!("nats://{ip}:4222"))
         .await
-        .unwrap();
-    let js = async_nats::jetstream::new(client);
+        .unwrap()
+}
+
+/// Requests ever published to the plane's JetStream work queue (its last sequence: a
+/// work queue deletes what its consumers acknowledge).
+async fn requests_in_stream(client: &async_nats::Client) -> u64 {
+    let js = async_nats::jetstream::new(client.clone());
     let mut stream = js
         .get_stream(infera_proto::request_plane::REQUEST_STREAM)
         .await
-        .unwrap();
+        .expect("the sidecars create the work queue when admission is on");
     stream.info().await.unwrap().state.last_sequence
 }
 
@@ -48,7 +52,7 @@ spec:
   replicas: 2
   model: {name: plane-model, source: {hostPath: {path: /models/none}}}
   engine: {kind: sim, args: [--speedup, '4']}
-  messaging: {backend: nats, requestTransport: nats}
+  messaging: {backend: nats, requestTransport: nats, requestMaxPending: 16}
   gateway: {resources: {requests: {cpu: 50m, memory: 64Mi}}}
 ",
         )
@@ -87,13 +91,27 @@ spec:
         assert_eq!(record["request_transport"], "nats", "{record}");
     }
     let gateway = cluster.gateway_on_node_port(&ns, "plane", 2).await.unwrap();
-    let before = requests_in_stream(&cluster).await;
+    // Every request on the plane is a message on `infera.req.<worker>`; a plain
+    // subscriber sees each one whether it goes through the work queue or not.
+    let nats = charts_nats(&cluster).await;
+    let mut seen = nats.subscribe("infera.req.>").await.unwrap();
+    nats.flush().await.unwrap();
+    let before = requests_in_stream(&nats).await;
     let load = Load::start(&gateway, "plane-model", 3, 200);
     tokio::time::sleep(Duration::from_secs(15)).await;
     let report = load.stop().await;
-    let after = requests_in_stream(&cluster).await;
+    let after = requests_in_stream(&nats).await;
+    let mut subjects = std::collections::BTreeSet::new();
+    let mut published = 0u64;
+    while let Ok(Some(message)) =
+        tokio::time::timeout(Duration::from_millis(500), seen.next()).await
+    {
+        published += 1;
+        subjects.insert(message.subject.to_string());
+    }
     println!(
-        "over the request plane: {} requests ({} streamed), {} failed, {} published to the stream",
+        "over the request plane: {} requests ({} streamed), {} failed, {published} published \
+         on {subjects:?}, {} through the work queue",
         report.ok,
         report.ttft.len(),
         report.failed.len(),
@@ -106,8 +124,18 @@ spec:
         report.ttft.len()
     );
     assert!(
+        published >= report.ok,
+        "{} requests, {published} published on the plane",
+        report.ok
+    );
+    assert_eq!(
+        subjects.len(),
+        2,
+        "both workers take requests: {subjects:?}"
+    );
+    assert!(
         after - before >= report.ok,
-        "{} requests, {} published to the plane's stream",
+        "{} requests, {} through the work queue",
         report.ok,
         after - before
     );
