@@ -6,6 +6,37 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+/// The workers a response names (`x-infera-worker`, `x-infera-prefill-worker`,
+/// `x-infera-decode-worker`, `x-infera-revision`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServedBy {
+    /// The mixed or decode worker.
+    pub worker: Option<String>,
+    /// The prefill worker of a pair.
+    pub prefill: Option<String>,
+    /// The decode worker of a pair.
+    pub decode: Option<String>,
+    /// Their revision.
+    pub revision: Option<String>,
+}
+
+impl ServedBy {
+    fn from_headers(headers: &reqwest::header::HeaderMap) -> Self {
+        let get = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        Self {
+            worker: get("x-infera-worker"),
+            prefill: get("x-infera-prefill-worker"),
+            decode: get("x-infera-decode-worker"),
+            revision: get("x-infera-revision"),
+        }
+    }
+}
+
 /// A gateway's base URL and an HTTP client with a bound on every request.
 #[derive(Clone)]
 pub struct Gateway {
@@ -111,6 +142,17 @@ impl Gateway {
         path: &str,
         body: &Value,
     ) -> Result<(u16, String, Duration), E2eError> {
+        self.send_served(path, body)
+            .await
+            .map(|(status, text, first, _)| (status, text, first))
+    }
+
+    /// As [`Gateway::send_timed`], with the workers the response names as its servers.
+    pub async fn send_served(
+        &self,
+        path: &str,
+        body: &Value,
+    ) -> Result<(u16, String, Duration, ServedBy), E2eError> {
         let started = std::time::Instant::now();
         let mut resp = self
             .http
@@ -120,6 +162,7 @@ impl Gateway {
             .await
             .map_err(|e| E2eError::Http(format!("POST {path}: {e}")))?;
         let status = resp.status().as_u16();
+        let served = ServedBy::from_headers(resp.headers());
         let mut bytes = Vec::new();
         let mut first = None;
         while let Some(chunk) = resp
@@ -131,7 +174,12 @@ impl Gateway {
             bytes.extend_from_slice(&chunk);
         }
         let text = String::from_utf8_lossy(&bytes).into_owned();
-        Ok((status, text, first.unwrap_or_else(|| started.elapsed())))
+        Ok((
+            status,
+            text,
+            first.unwrap_or_else(|| started.elapsed()),
+            served,
+        ))
     }
 
     /// `POST path` with `body`, JSON or SSE (`"stream": true`), and which worker served it.

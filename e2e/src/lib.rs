@@ -19,6 +19,7 @@ pub mod etcd;
 pub mod gateway;
 pub mod load;
 pub mod process;
+pub mod roll;
 pub mod sim_engine;
 
 /// Environment variable holding the cluster's admin kubeconfig (`scripts/test` sets it

@@ -1,9 +1,10 @@
 //! A bounded steady load on a gateway while a test changes the cluster (scales, deletes
 //! pods, restarts etcd): a few clients, each sending one short request after another,
-//! alternating JSON and streamed answers, until stopped. Every outcome is recorded, so a
+//! alternating JSON and streamed answers (half of them starting with a stream), until
+//! stopped. Every outcome is recorded, so a
 //! test asserts on failures with their reasons, not on timing.
 
-use crate::gateway::{Gateway, parse_sse};
+use crate::gateway::{Gateway, ServedBy, parse_sse};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -23,6 +24,8 @@ pub struct LoadReport {
     pub duration: Duration,
     /// Time to first token of each streamed request answered in full.
     pub ttft: Vec<Duration>,
+    /// Who served each request answered in full, as its response named them.
+    pub served: Vec<ServedBy>,
 }
 
 /// A running load; [`Load::stop`] ends it and returns the report.
@@ -81,6 +84,7 @@ impl Load {
                     total.failed.extend(report.failed);
                     total.slowest = total.slowest.max(report.slowest);
                     total.ttft.extend(report.ttft);
+                    total.served.extend(report.served);
                 }
                 Err(e) => total.failed.push(format!("a load client panicked: {e}")),
             }
@@ -123,25 +127,27 @@ async fn run_client(
     let mut n: u64 = 0;
     while !*stopped.borrow() {
         n += 1;
-        let stream = n.is_multiple_of(2);
+        // Half the clients start with a stream: both kinds are in flight from the start.
+        let stream = (n + client as u64 / 2).is_multiple_of(2);
         let body = json!({
             "model": model, "max_tokens": max_tokens, "stream": stream,
             "messages": [{"role": "user", "content": ask.prompt(n)}],
         });
         let started = Instant::now();
-        let outcome = gateway.send_timed("/v1/chat/completions", &body).await;
+        let outcome = gateway.send_served("/v1/chat/completions", &body).await;
         report.slowest = report.slowest.max(started.elapsed());
         match outcome {
-            Ok((200, text, first)) => match judge(&text, stream) {
+            Ok((200, text, first, served)) => match judge(&text, stream) {
                 Ok(()) => {
                     report.ok += 1;
+                    report.served.push(served);
                     if stream {
                         report.ttft.push(first);
                     }
                 }
                 Err(why) => report.failed.push(format!("client {client} #{n}: {why}")),
             },
-            Ok((status, text, _)) => report
+            Ok((status, text, _, _)) => report
                 .failed
                 .push(format!("client {client} #{n}: {status} {text}")),
             Err(e) => report.failed.push(format!("client {client} #{n}: {e}")),

@@ -24,6 +24,7 @@
 
 use infera_e2e::deploy::{ROLLOUT, condition};
 use infera_e2e::load::Load;
+use infera_e2e::roll::RollSampler;
 use infera_e2e::{Cluster, RELEASE_NAMESPACE, eventually, repo};
 use infera_testkit::binaries::{Binary, locate};
 use serde_json::Value;
@@ -425,7 +426,9 @@ spec:
         "a new pod of a kept release runs it too: {kept:?}"
     );
 
-    // The user's opt-in: the engines roll onto this release.
+    // The user's opt-in: the engines roll onto this release, a new worker beside the
+    // old ones (never fewer than two ready).
+    let sampler = RollSampler::start(&cluster, &ns, "upgraded");
     let load = Load::start(&gateway, "upgraded-model", 4, 300);
     let started = Instant::now();
     cluster
@@ -467,12 +470,17 @@ spec:
     cluster.wait_active_workers(&ns, &gateway, 2).await.unwrap();
     let rolled_in = started.elapsed();
     let roll = load.stop().await;
+    let samples = sampler.stop().await;
     println!(
-        "opt-in to {current}: engines rolled in {rolled_in:.1?}: {} requests, {} failed {:?}",
+        "opt-in to {current}: engines rolled in {rolled_in:.1?}: {} requests, {} failed {:?}; lowest ready {} ({} samples)",
         roll.ok,
         roll.failed.len(),
-        roll.failed.iter().take(3).collect::<Vec<_>>()
+        roll.failed.iter().take(3).collect::<Vec<_>>(),
+        samples.min_ready["mixed"],
+        samples.samples,
     );
+    assert!(roll.failed.is_empty(), "{:?}", roll.failed);
+    assert!(samples.min_ready["mixed"] >= 2, "{samples:?}");
     let d = idep(&cluster, &ns).await;
     assert_eq!(d["status"]["platform"]["engines"], current);
     assert_eq!(d["status"]["platform"]["available"], Value::Null);

@@ -37,6 +37,9 @@ pub struct SidecarArgs {
     /// What a `/drain` call from outside the Pod's loopback must present
     /// (`x-infera-drain-token`); unset: loopback callers only.
     pub drain_token: Option<String>,
+    /// The revision of the engine spec this worker runs, registered in its record
+    /// (`$INFERA_ENGINE_REVISION`, environment only: engines have a `--revision` flag).
+    pub revision: Option<String>,
     /// RoCEv2 GID index; detected from sysfs when absent.
     pub gid_index: Option<u32>,
     /// Root of sysfs (a fake tree in tests).
@@ -106,6 +109,9 @@ pub const USAGE: &str = "Infera flags (each also as the environment variable in 
   --status-port PORT          the sidecar's own /health, /metrics and /drain [INFERA_STATUS_PORT] (off);
                               /drain answers loopback callers, and others that send the header
                               x-infera-drain-token: $INFERA_DRAIN_TOKEN (environment only)
+  $INFERA_ENGINE_REVISION     the revision of the engine spec, registered as the record's
+                              `revision` (environment only); gateways pair a prefill and a
+                              decode worker only of one revision
   --disaggregation-allow-tcp  accept a prefill/decode worker on a loopback host or TCP transport
                               [INFERA_DISAGGREGATION_ALLOW_TCP] (refused otherwise)
   --attach                    the engine runs in its own container: watch it, do not launch it;
@@ -315,6 +321,10 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
         drain_token: std::env::var(crate::status::DRAIN_TOKEN_ENV)
             .ok()
             .filter(|t| !t.trim().is_empty()),
+        revision: std::env::var(infera_proto::sidecar::REVISION_ENV)
+            .ok()
+            .map(|r| r.trim().to_owned())
+            .filter(|r| !r.is_empty()),
         gid_index,
         sysfs_root: get("--sysfs-root", "INFERA_SYSFS_ROOT", "/sys"),
         attach,

@@ -390,6 +390,9 @@ async fn run() -> i32 {
             return fail(e, 2);
         }
     };
+    if let Some(revision) = &args.revision {
+        record.set_revision(revision);
+    }
     // Serving the subject before registering: a gateway that sees the record can send.
     let plane = match &args.request_plane {
         Some(settings) => {

@@ -1,5 +1,6 @@
 //! The sidecar's own HTTP endpoints: `/health` (registration and drain state),
-//! `/metrics`, and `/drain`, which an engine container's `preStop` hook calls: it starts
+//! `/ready` (200 while the worker is registered and not draining: the pod's readiness,
+//! so a Ready pod is one the gateways route to), `/metrics`, and `/drain`, which an engine container's `preStop` hook calls: it starts
 //! the shutdown (deregister, then drain) and answers only once the engine is idle, so
 //! Kubernetes stops the engine after it has left routing.
 
@@ -58,6 +59,7 @@ type Shared = Arc<SidecarStatus>;
 pub fn build_status_router(status: Shared) -> Router {
     Router::new()
         .route("/health", get(health))
+        .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .route("/drain", get(drain).post(drain))
         .with_state(status)
@@ -86,6 +88,23 @@ impl SidecarStatus {
         }
         self.registered.store(registered, Ordering::SeqCst);
     }
+}
+
+impl SidecarStatus {
+    /// Registered and not draining: gateways route to the worker.
+    pub fn routable(&self) -> bool {
+        self.registered.load(Ordering::SeqCst) && !self.draining.load(Ordering::SeqCst)
+    }
+}
+
+async fn ready(State(s): State<Shared>) -> Response {
+    let routable = s.routable();
+    let status = if routable {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, axum::Json(json!({"ready": routable}))).into_response()
 }
 
 async fn health(State(s): State<Shared>) -> Response {
@@ -180,6 +199,16 @@ async fn drain(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ready_only_while_registered_and_not_draining() {
+        let s = SidecarStatus::new(None);
+        assert!(!s.routable(), "not registered yet");
+        s.registered.store(true, Ordering::SeqCst);
+        assert!(s.routable());
+        s.draining.store(true, Ordering::SeqCst);
+        assert!(!s.routable(), "draining");
+    }
 
     #[test]
     fn drain_from_outside_the_pod_needs_the_exact_token() {

@@ -274,6 +274,103 @@ async fn a_decode_failing_before_its_first_byte_is_retried() {
     }
 }
 
+/// A decode that keeps failing before it answers: the request goes to another pair
+/// (the client has seen nothing), and the response names the pair that served it.
+#[tokio::test]
+async fn a_decode_that_keeps_failing_is_replaced_by_another_pair() {
+    let protocol = PdProtocol::SglangBootstrap;
+    let prefix = unique_prefix();
+    let (_prefill, pr) = start_leg(protocol, PdLeg::Prefill).await;
+    let (broken, br) = start_leg(protocol, PdLeg::Decode).await;
+    let (healthy, hr) = start_leg(protocol, PdLeg::Decode).await;
+    for r in [&pr, &br, &hr] {
+        register(&prefix, r, 30).await;
+    }
+    let gw = start_gw(&prefix, &[]).await;
+    wait_workers(&gw, 3).await;
+    fail_next(&broken, 100).await;
+    for stream in [false, true, false, true] {
+        let r = reqwest::Client::new()
+            .post(gw_url(&gw, "/v1/completions"))
+            .json(&completion(stream))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let header = |name: &str| r.headers()[name].to_str().unwrap().to_owned();
+        assert_eq!(header("x-infera-decode-worker"), healthy.addr.to_string());
+        assert_eq!(header("x-infera-prefill-worker"), pr.worker_id);
+        assert_eq!(header("x-infera-worker"), healthy.addr.to_string());
+        let text = r.text().await.unwrap();
+        assert!(!text.contains("\"error\""), "{text}");
+    }
+    // Once: its four failed opens opened its breaker, and no later pair picks it.
+    let m = metrics(&gw).await;
+    assert!(
+        m.contains("infera_pd_bootstrap_failures_total{reason=\"pair_retried\"} 1"),
+        "{m}"
+    );
+}
+
+/// Mid-rollout two revisions serve side by side: a prefill is paired only with a decode
+/// of its own revision, and the response names it.
+#[tokio::test]
+async fn prefill_and_decode_are_paired_only_within_one_revision() {
+    let protocol = PdProtocol::SglangBootstrap;
+    let prefix = unique_prefix();
+    let (_old_p, mut opr) = start_leg(protocol, PdLeg::Prefill).await;
+    let (_new_p, mut npr) = start_leg(protocol, PdLeg::Prefill).await;
+    let (old_d, mut odr) = start_leg(protocol, PdLeg::Decode).await;
+    let (new_d, mut ndr) = start_leg(protocol, PdLeg::Decode).await;
+    for (r, revision) in [
+        (&mut opr, "old"),
+        (&mut odr, "old"),
+        (&mut npr, "new"),
+        (&mut ndr, "new"),
+    ] {
+        r.set_revision(revision);
+        register(&prefix, r, 30).await;
+    }
+    let gw = start_gw(&prefix, &[]).await;
+    wait_workers(&gw, 4).await;
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..8 {
+        let r = reqwest::Client::new()
+            .post(gw_url(&gw, "/v1/completions"))
+            .json(&completion(false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let header = |name: &str| r.headers()[name].to_str().unwrap().to_owned();
+        let (prefill, decode, revision) = (
+            header("x-infera-prefill-worker"),
+            header("x-infera-decode-worker"),
+            header("x-infera-revision"),
+        );
+        let want_decode = if prefill == opr.worker_id {
+            &old_d
+        } else {
+            &new_d
+        };
+        assert_eq!(
+            decode,
+            want_decode.addr.to_string(),
+            "{prefill} paired across revisions"
+        );
+        assert_eq!(
+            revision,
+            if prefill == opr.worker_id {
+                "old"
+            } else {
+                "new"
+            }
+        );
+        seen.insert(revision);
+    }
+    assert_eq!(seen.len(), 2, "both revisions served: {seen:?}");
+}
+
 #[tokio::test]
 async fn a_decode_failing_mid_stream_ends_with_an_error_event() {
     let protocol = PdProtocol::VllmMooncake;

@@ -308,6 +308,11 @@ async fn invalid_manifests_are_rejected_with_a_message_naming_the_field() {
             "spec.autoscaling.targets.kvUsage in body should be less than or equal to 1",
         ),
         (
+            "a rollout that could never replace a worker",
+            with_spec(BASE, &["rollout: {maxSurge: 0, maxUnavailable: 0}"]),
+            "spec.rollout: maxSurge and maxUnavailable are both 0, so no worker could ever be replaced",
+        ),
+        (
             "negative replicas",
             with_spec(BASE, &["replicas: -1"]),
             "spec.replicas: Invalid value: -1: spec.replicas in body should be greater than or equal to 0",

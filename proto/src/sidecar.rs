@@ -8,6 +8,11 @@ pub const DRAIN_TOKEN_HEADER: &str = "x-infera-drain-token";
 /// is visible to every process of the Pod).
 pub const DRAIN_TOKEN_ENV: &str = "INFERA_DRAIN_TOKEN";
 
+/// The environment variable naming the revision of the engine spec a worker runs; the
+/// sidecar registers it as the record's `revision` (environment only: engines have a
+/// `--revision` flag of their own).
+pub const REVISION_ENV: &str = "INFERA_ENGINE_REVISION";
+
 /// Where the sidecar (on its status port) lists the tokenizer files its engine uses,
 /// as a [`TokenizerManifest`]; each file is at `TOKENIZER_PATH/<name>`. A gateway that
 /// cannot see the model volume fetches its tokenizer there.

@@ -1,4 +1,4 @@
-//! The worker record: what an engine's launcher (our sidecar, or the earlier Python
+//! The worker record: what an engine's launcher (Infera's sidecar, or the earlier Python
 //! launchers) publishes about one engine endpoint, under an etcd lease or in a Pod
 //! annotation, and what the gateway routes on.
 //!
@@ -227,6 +227,11 @@ pub struct KvInfo {
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
+
+/// The record field naming the revision of the engine spec a worker runs: the
+/// operator's `infera.amd.com/engine-revision`, the same for every role of one
+/// deployment's topology. Readers that do not know it keep it as an unknown field.
+pub const REVISION_FIELD: &str = "revision";
 
 /// One engine endpoint as registered in discovery.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -732,6 +737,30 @@ impl WorkerRecord {
         self.status.unwrap_or_default()
     }
 
+    /// The revision of the engine spec the worker runs ([`REVISION_FIELD`]), when the
+    /// record names one (Infera's operator-made workers from 0.2.0 on).
+    pub fn revision(&self) -> Option<&str> {
+        self.extra.get(REVISION_FIELD)?.as_str()
+    }
+
+    /// Names the revision the worker runs, after the fields every reader knows.
+    pub fn set_revision(&mut self, revision: &str) {
+        self.extra.insert(
+            REVISION_FIELD.to_owned(),
+            Value::String(revision.to_owned()),
+        );
+    }
+
+    /// Whether a prefill and a decode worker may serve one request together: of one
+    /// revision, or either naming none (a worker of the earlier system, or one started
+    /// by hand).
+    pub fn pairs_with(&self, other: &WorkerRecord) -> bool {
+        match (self.revision(), other.revision()) {
+            (Some(a), Some(b)) => a == b,
+            _ => true,
+        }
+    }
+
     /// The connector protocol, when the record names one.
     pub fn protocol(&self) -> Option<&str> {
         self.disagg_meta.as_ref()?.protocol.as_deref()
@@ -834,6 +863,26 @@ mod tests {
         );
         let again = WorkerRecord::from_json(record.to_json().as_bytes()).unwrap();
         assert_eq!(again, record);
+    }
+
+    /// The revision sits after every field the earlier readers know, and pairing
+    /// follows it only when both workers name one.
+    #[test]
+    fn a_revision_is_written_last_and_pairs_only_its_own() {
+        let mut prefill = WorkerRecord::from_json(EARLIER_MIXED.as_bytes()).unwrap();
+        let unnamed = prefill.clone();
+        prefill.set_revision("5f1c2a9e0b7d4c31");
+        assert_eq!(
+            prefill.to_json(),
+            r#"{"worker_id":"10.0.3.1:8000","url":"http://10.0.3.1:8000","model_name":"fixture-model","engine":"atom","disagg_mode":"mixed","disagg_meta":null,"kv_events_endpoint":null,"kv_block_size":null,"dp_rank":null,"dp_size":null,"request_transport":"http","revision":"5f1c2a9e0b7d4c31"}"#
+        );
+        let read = WorkerRecord::from_json(prefill.to_json().as_bytes()).unwrap();
+        assert_eq!(read.revision(), Some("5f1c2a9e0b7d4c31"));
+        let mut other = read.clone();
+        other.set_revision("0000000000000000");
+        assert!(read.pairs_with(&prefill));
+        assert!(!read.pairs_with(&other));
+        assert!(unnamed.pairs_with(&other) && other.pairs_with(&unnamed));
     }
 
     #[test]

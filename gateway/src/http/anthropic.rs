@@ -141,8 +141,11 @@ async fn answer(
             )
         })?;
         guard.outcome = Outcome::Ok;
-        return Ok(axum::Json(build_message_response(&chat, model)).into_response());
+        let mut resp = axum::Json(build_message_response(&chat, model)).into_response();
+        guard.served.write(resp.headers_mut());
+        return Ok(resp);
     }
+    let served = forwarded.guard.served.clone();
     let relayed = relay_body(forwarded, upstream, true, migration);
     let translated = StreamTranslator::new(model, request_id).translate(relayed);
     let mut resp = Response::new(Body::from_stream(translated));
@@ -150,5 +153,6 @@ async fn answer(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/event-stream"),
     );
+    served.write(resp.headers_mut());
     Ok(resp)
 }

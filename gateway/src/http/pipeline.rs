@@ -205,6 +205,7 @@ pub(crate) fn relay_response(
     let content_type = forwarded.response.content_type.clone();
     let sse = forwarded.response.is_sse();
     let status = forwarded.response.status;
+    let served = forwarded.guard.served.clone();
     let mut resp = Response::new(Body::from_stream(relay_body(
         forwarded, upstream, sse, migration,
     )));
@@ -212,6 +213,7 @@ pub(crate) fn relay_response(
     if let Some(ct) = content_type {
         resp.headers_mut().insert(header::CONTENT_TYPE, ct);
     }
+    served.write(resp.headers_mut());
     with_request_id(resp, rid)
 }
 

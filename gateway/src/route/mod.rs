@@ -1,5 +1,5 @@
 //! Choosing where a request goes, with no I/O on the request's path: the plan (mixed
-//! pool, or prefill and decode pools; direct mode's pins), the selector that picks a
+//! pool, or prefill and decode pools; direct mode's pins), pairing by revision, the selector that picks a
 //! worker under either policy and owns its kv charges, round-robin rotation, the
 //! kv-aware cost, the kv state with its prefix index and the KV-event ingest that feeds
 //! it (background tasks, one per worker), and the tokenizer that turns a prompt into the
@@ -11,6 +11,7 @@ pub(crate) mod kv_events;
 pub(crate) mod kv_state;
 pub(crate) mod plan;
 pub(crate) mod prefix_index;
+pub(crate) mod revision;
 pub(crate) mod rotation;
 pub(crate) mod select;
 pub(crate) mod tokenizer;

@@ -9,16 +9,18 @@
 use crate::metrics::Outcome;
 use crate::request::validate::ApiKind;
 use crate::route::plan::{Plan, build_attempt_candidates};
+use crate::route::revision::{decodes_for, pairable_prefills};
 use crate::route::select::{RequestRouting, Selector};
 use crate::send::failover::send_with_failover;
 use crate::send::guard::{Forwarded, RequestGuard, Sent};
 use crate::send::pd::connectors::{PdError, PdIds, PdPair, resolve_protocol};
-use crate::send::pd::legs::send_pair;
+use crate::send::pd::legs::{FailedLeg, send_pair};
+use crate::send::served::ServedBy;
 use crate::send::upstream::{Outbound, Upstream};
-use crate::send::worker_response::WorkerResponse;
 use crate::workers::registry::Target;
 use infera_proto::error_class::{ApiError, ErrorClass};
 use infera_proto::pd::PdProtocol;
+use std::borrow::Cow;
 use std::time::Instant;
 
 /// Sends `request` where `plan` says, picking with `routing`.
@@ -80,11 +82,20 @@ async fn send_mixed(
     let worker = sent.target.record.worker_id.clone();
     guard.hold(&upstream.inflight, &worker);
     guard.span.record("worker", worker.as_str());
+    if guard.served.worker.is_empty() {
+        guard.served = ServedBy {
+            worker: worker.clone(),
+            prefill: None,
+            revision: sent.target.record.revision().map(str::to_owned),
+        };
+    }
     Ok((sent.response, worker, None))
 }
 
 /// The DisaggRouter: a prefill and a decode worker, each picked with its own selector
-/// among available workers, then both legs sent.
+/// among available workers, then both legs sent. A pair whose worker fails before the
+/// decode answered (unreachable, broken, timed out) is replaced by another pair without
+/// that worker, up to `--request-max-retries` times: the client has seen nothing yet.
 async fn send_disagg(
     upstream: &Upstream,
     routing: &RequestRouting<'_>,
@@ -94,39 +105,102 @@ async fn send_disagg(
     guard: &mut RequestGuard,
 ) -> Result<Sent, ApiError> {
     let selectors = [routing.selector("prefill"), routing.selector("decode")];
-    let (p, d, protocol) = pick_pair(upstream, &selectors, prefill, decode, request.kind)?;
-    guard.pd_protocol = Some(protocol);
-    let now = Instant::now();
-    for (target, selector) in [(&p, &selectors[0]), (&d, &selectors[1])] {
-        let worker = &target.record.worker_id;
-        upstream.breakers.try_acquire(worker, now);
-        upstream.metrics.record_pick(selector.role(), worker);
-        guard.kv_charges.extend(selector.commit(target));
-        guard.hold(&upstream.inflight, worker);
+    let mut failed: Vec<String> = Vec::new();
+    let mut last: Option<ApiError> = None;
+    let mut attempt = 0;
+    loop {
+        let (p, d, protocol) = match (without_failed(prefill, decode, &failed), last) {
+            (Some((p, d)), _) => pick_pair(upstream, &selectors, &p, &d, request.kind)?,
+            // No other pair: the last pair's failure is the answer.
+            (None, Some(e)) => return Err(e),
+            (None, None) => {
+                return Err(ApiError::new(
+                    ErrorClass::ServiceUnavailable,
+                    "no prefill/decode pair is available",
+                ));
+            }
+        };
+        guard.pd_protocol = Some(protocol);
+        let now = Instant::now();
+        for (target, selector) in [(&p, &selectors[0]), (&d, &selectors[1])] {
+            let worker = &target.record.worker_id;
+            upstream.breakers.try_acquire(worker, now);
+            upstream.metrics.record_pick(selector.role(), worker);
+            guard.kv_charges.extend(selector.commit(target));
+            guard.hold(&upstream.inflight, worker);
+        }
+        let pair = PdPair {
+            protocol,
+            prefill: &p,
+            decode: &d,
+            ids: PdIds::random(&p),
+            retention: request.retention,
+        };
+        guard.span.record("worker", d.record.worker_id.as_str());
+        guard
+            .span
+            .record("prefill_worker", p.record.worker_id.as_str());
+        let opened = match send_pair(upstream, &pair, request).await {
+            Ok(opened) => opened,
+            Err(e) if e.retryable() && attempt < upstream.max_retries => {
+                let worker = match e.leg {
+                    FailedLeg::Prefill => &p.record.worker_id,
+                    _ => &d.record.worker_id,
+                };
+                tracing::warn!(worker = %worker, rid = request.request_id, "prefill/decode pair failed ({}); trying another pair", e.error.message);
+                guard.release(&p.record.worker_id);
+                guard.release(&d.record.worker_id);
+                failed.push(worker.clone());
+                upstream.metrics.record_pd_failure("pair_retried");
+                last = Some(e.error);
+                attempt += 1;
+                continue;
+            }
+            Err(e) => return Err(e.error),
+        };
+        if guard.served.worker.is_empty() {
+            guard.served = ServedBy {
+                worker: d.record.worker_id.clone(),
+                prefill: Some(p.record.worker_id.clone()),
+                revision: p
+                    .record
+                    .revision()
+                    .or(d.record.revision())
+                    .map(str::to_owned),
+            };
+        }
+        return Ok((opened.response, d.record.worker_id.clone(), opened.abort));
     }
-    let pair = PdPair {
-        protocol,
-        prefill: &p,
-        decode: &d,
-        ids: PdIds::random(&p),
-        retention: request.retention,
+}
+
+/// Candidates of one role, borrowed until something is left out.
+type Pool<'t> = Cow<'t, [Target]>;
+
+/// The pools without the workers a pair already failed on; `None` when a pool is left
+/// empty.
+fn without_failed<'t>(
+    prefill: &'t [Target],
+    decode: &'t [Target],
+    failed: &[String],
+) -> Option<(Pool<'t>, Pool<'t>)> {
+    let keep = |pool: &'t [Target]| -> Option<Pool<'t>> {
+        if failed.is_empty() {
+            return Some(Cow::Borrowed(pool));
+        }
+        let kept: Vec<Target> = pool
+            .iter()
+            .filter(|t| !failed.contains(&t.record.worker_id))
+            .cloned()
+            .collect();
+        (!kept.is_empty()).then_some(Cow::Owned(kept))
     };
-    guard.span.record("worker", d.record.worker_id.as_str());
-    guard
-        .span
-        .record("prefill_worker", p.record.worker_id.as_str());
-    let opened = send_pair(upstream, &pair, request).await?;
-    Ok((
-        WorkerResponse::from_http(opened.response),
-        d.record.worker_id.clone(),
-        opened.abort,
-    ))
+    Some((keep(prefill)?, keep(decode)?))
 }
 
 /// A prefill worker, then a decode worker that speaks its protocol (a fleet
 /// mid-migration may hold several; with none, the decode pick names the mismatch), and
 /// the protocol between them.
-fn pick_pair(
+pub(crate) fn pick_pair(
     upstream: &Upstream,
     [prefill_selector, decode_selector]: &[Selector<'_>; 2],
     prefill: &[Target],
@@ -146,14 +220,25 @@ fn pick_pair(
         })?;
         Ok(options[index].clone())
     };
-    let p = pick(prefill_selector, prefill)?;
+    // Only a prefill with a decode of its revision (mid-rollout, two run side by side).
+    let prefill = pairable_prefills(prefill, decode);
+    if prefill.is_empty() {
+        upstream.metrics.record_pd_failure("no_revision_pair");
+        return Err(ApiError::new(
+            ErrorClass::ServiceUnavailable,
+            "no prefill and decode worker of one engine revision is available; retry shortly",
+        )
+        .with_code("no_revision_pair"));
+    }
+    let p = pick(prefill_selector, &prefill)?;
+    let decode = decodes_for(&p, decode);
     let compatible: Vec<Target> = decode
         .iter()
         .filter(|d| resolve_protocol(&p.record, &d.record).is_ok())
         .cloned()
         .collect();
     let pool = if compatible.is_empty() {
-        decode
+        &decode[..]
     } else {
         &compatible[..]
     };

@@ -4,6 +4,7 @@
 
 use crate::metrics::{Metrics, Outcome};
 use crate::route::kv_state::KvCharge;
+use crate::send::served::ServedBy;
 use crate::send::worker_response::WorkerResponse;
 use crate::workers::inflight::Inflight;
 use infera_proto::error_class::ApiError;
@@ -34,6 +35,8 @@ pub(crate) struct RequestGuard {
     pub kv_charges: Vec<KvCharge>,
     /// The connector of a prefill/decode request.
     pub pd_protocol: Option<PdProtocol>,
+    /// The workers the request was first sent to, for the response's headers.
+    pub served: ServedBy,
     /// The request's span: it ends (is exported) when the guard drops.
     pub span: tracing::Span,
 }
@@ -56,6 +59,7 @@ impl RequestGuard {
             inflight: Vec::new(),
             kv_charges: Vec::new(),
             pd_protocol: None,
+            served: ServedBy::default(),
             span,
         }
     }

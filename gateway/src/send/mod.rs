@@ -2,7 +2,8 @@
 //! bottom ([`upstream`]: client, breakers, timeouts, the POST every leg makes; [`guard`]:
 //! the request's bookkeeping), failover before the first byte ([`failover`]), both legs of
 //! a prefill/decode pair ([`pd`]), the NATS request plane as a transport ([`nats`]), the
-//! forward path over all of them ([`forward`]), and the relay that streams the answer
+//! forward path over all of them ([`forward`]; the response names who served it,
+//! [`served`]), and the relay that streams the answer
 //! back and moves a generation mid-stream ([`relay`], [`migration`]).
 
 pub(crate) mod failover;
@@ -12,5 +13,6 @@ pub(crate) mod migration;
 pub(crate) mod nats;
 pub(crate) mod pd;
 pub(crate) mod relay;
+pub(crate) mod served;
 pub(crate) mod upstream;
 pub(crate) mod worker_response;

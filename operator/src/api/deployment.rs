@@ -4,6 +4,7 @@
 use super::autoscaling::{AutoscalingSpec, AutoscalingStatus, RoleReplicas};
 use super::common::{EngineKind, Parallelism, RetentionClass, SecretKeyRef, SimFlavor, one};
 use super::platform::{LocalSecret, PlatformSpec, PlatformStatus, PullPolicy};
+use super::rollout::{RolloutSpec, RolloutStatus};
 use k8s_openapi::api::core::v1::{
     Affinity, EnvVar, ResourceRequirements, Toleration, TopologySpreadConstraint,
 };
@@ -98,6 +99,13 @@ pub struct InferaDeploymentSpec {
     /// `image.pullPolicy`) for Infera's images, Kubernetes' default for the others.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<PullPolicy>,
+    /// How an engine change rolls (any change to the engine pods: image, arguments,
+    /// environment, resources, the platform release). By default every role starts one
+    /// new worker beside its old ones and removes an old one only once a new one is
+    /// ready, so it never serves with fewer workers; prefill and decode roll as one
+    /// topology (gateways pair only workers of one revision).
+    #[serde(default)]
+    pub rollout: RolloutSpec,
 }
 
 /// Moves per stream for operator-made gateways: a decode worker lost mid-stream is not
@@ -941,6 +949,13 @@ pub struct InferaDeploymentStatus {
     /// operator renders (`spec.platform.version` moves them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub platform: Option<PlatformStatus>,
+    /// The revision of the engine spec: the pods' `infera.amd.com/engine-revision`
+    /// label, the workers' records and the gateways' `x-infera-revision` header name it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+    /// An engine rollout in progress (absent when none runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
 }
 
 /// One role's workers.

@@ -10,12 +10,14 @@ pub mod crd;
 pub mod deployment;
 pub mod platform;
 pub mod resolve;
+pub mod rollout;
 pub mod topology;
 
 pub use autoscaling::*;
 pub use common::*;
 pub use deployment::*;
 pub use platform::*;
+pub use rollout::*;
 pub use topology::*;
 
 /// API group.

@@ -59,9 +59,10 @@ impl std::fmt::Display for PlatformVersion {
 #[serde(rename_all = "camelCase")]
 pub struct PlatformSpec {
     /// The release whose sidecar, kvd and node-env (and simulator, for `kind: sim`) the
-    /// engine pods run. Setting it to a release the engines do not run rolls them, one
-    /// pod at a time, onto it. Unset: the engines keep the release they run across
-    /// operator upgrades, and take the operator's own when their spec changes (they roll
+    /// engine pods run. Setting it to a release the engines do not run rolls them onto
+    /// it (as `spec.rollout` says: new pods beside the old ones by default). Unset: the
+    /// engines keep the release they run across operator upgrades, and take the
+    /// operator's own when their spec changes (they roll
     /// then anyway); `status.platform` says which they run and which is available.
     pub version: PlatformVersion,
 }

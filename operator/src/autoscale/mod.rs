@@ -230,7 +230,10 @@ impl Autoscaler {
             ttft_p90: latency.ttft_p90,
             itl_p90: latency.itl_p90,
             prefill_p90: latency.prefill_p90,
-            rollout: idep.metadata.generation != status.observed_generation,
+            // The spec changed and the reconcile has not caught up, or an engine rollout
+            // runs (its surge pods are not capacity to size on).
+            rollout: idep.metadata.generation != status.observed_generation
+                || status.rollout.is_some(),
             roles,
         };
         let saturated: Vec<Role> = signals

@@ -61,6 +61,8 @@ pub struct LiveEngines {
     pub kvd: Option<String>,
     /// The image of the container named `engine`.
     pub engine: Option<String>,
+    /// A StatefulSet's window and pods (a LeaderWorkerSet rolls by itself).
+    pub workers: Option<crate::plan::rollout::LiveWorkers>,
 }
 
 /// The releases a role may be rendered with.

@@ -13,6 +13,7 @@
 
 pub mod engine_platform;
 pub mod platform;
+pub mod rollout;
 pub mod routing;
 pub mod validate;
 
@@ -58,6 +59,9 @@ pub struct Plan {
     pub engine_platforms: BTreeMap<Role, PlatformChoice>,
     /// How every pod pulls its images.
     pub pull: PullPlan,
+    /// Each role's StatefulSet and pods as they stand (none yet: absent), for the
+    /// rollout's window.
+    pub live_workers: BTreeMap<Role, rollout::LiveWorkers>,
 }
 
 /// How the deployment's pods pull their images.
@@ -216,6 +220,8 @@ pub struct RolePlan {
     pub pd: Option<PdLeg>,
     /// The user's pod-template overrides for this role, in merge order.
     pub pod_overrides: Vec<PodOverride>,
+    /// How its workers roll onto a new revision.
+    pub rollout: rollout::RolloutLimits,
 }
 
 /// A user's pod-template patch, merged by strategic-merge rules onto a rendered template.

@@ -205,3 +205,52 @@ fn kv_sizes_become_bytes_and_nvme_stays_below_the_allowed_directories() {
         assert_eq!(err.reason(), reason, "{path} {size}: {err}");
     }
 }
+
+#[test]
+fn each_role_rolls_with_its_own_limits_else_the_deployments_and_never_with_none() {
+    let topology = mk_topology(json!({"layout": "1P1D", "transport": {"backend": "mooncake"}}));
+    let spec = |rollout: Value| {
+        mk_deployment(json!({
+            "model": model(),
+            "engine": {"kind": "sim", "simFlavor": "vllm"},
+            "serving": {"mode": "disaggregated", "topologyRef": "t"},
+            "rollout": rollout,
+        }))
+    };
+    let limits = |plan: &Plan| -> Vec<(u32, u32)> {
+        plan.deployment
+            .roles
+            .iter()
+            .map(|r| (r.rollout.max_surge, r.rollout.max_unavailable))
+            .collect()
+    };
+    let defaults = validate(
+        &spec(json!({})),
+        observed(Some(&topology), None),
+        &platform(),
+    )
+    .unwrap();
+    assert_eq!(
+        limits(&defaults),
+        [(1, 0), (1, 0)],
+        "surge one, never fewer"
+    );
+    let own = validate(
+        &spec(json!({"maxSurge": 2, "decode": {"maxSurge": 0, "maxUnavailable": 1}})),
+        observed(Some(&topology), None),
+        &platform(),
+    )
+    .unwrap();
+    assert_eq!(limits(&own), [(2, 0), (0, 1)]);
+    let err = validate(
+        &spec(json!({"decode": {"maxSurge": 0}})),
+        observed(Some(&topology), None),
+        &platform(),
+    )
+    .unwrap_err();
+    assert_eq!(err, ValidateError::RolloutCannotProceed("decode"));
+    assert_eq!(
+        err.to_string(),
+        "spec.rollout.decode: maxSurge and maxUnavailable are both 0 for the decode role, so none of its workers could ever be replaced; allow a surge or an unavailable worker"
+    );
+}

@@ -2,6 +2,7 @@
 //! platform become a [`Plan`], or the one reason it cannot run (a `Degraded` condition).
 
 use super::engine_platform::{LiveEngines, choose_platform};
+use super::rollout::RolloutLimits;
 use super::{
     DeploymentPlan, Discovery, EnginePlan, GatewayPlan, GatewayRouting, KvdPlan, ModelPlan,
     ModelVolume, NvmePlan, Owner, PdLeg, Plan, Platform, PodOverride, PullPlan, PullSecretData,
@@ -107,6 +108,11 @@ pub enum ValidateError {
         "the operator pulls images with Secret {0}, which does not exist in its namespace (the chart's imagePullSecrets): create it, or remove it from the chart's values"
     )]
     PullSecretMissing(String),
+    /// A role's effective rollout limits are both 0.
+    #[error(
+        "spec.rollout.{0}: maxSurge and maxUnavailable are both 0 for the {0} role, so none of its workers could ever be replaced; allow a surge or an unavailable worker"
+    )]
+    RolloutCannotProceed(&'static str),
 }
 
 impl ValidateError {
@@ -126,6 +132,7 @@ impl ValidateError {
             Self::PodTemplate { .. } => "InvalidPodTemplate",
             Self::NotStored => "NotStored",
             Self::PullSecretMissing(_) => "PullSecretMissing",
+            Self::RolloutCannotProceed(_) => "InvalidRollout",
         }
     }
 }
@@ -206,9 +213,22 @@ pub fn validate(
             .collect(),
         copies,
     };
+    let live_workers = deployment
+        .roles
+        .iter()
+        .filter_map(|role| {
+            let live = observed
+                .engines?
+                .get(&names::workers(&name, role.role))?
+                .workers
+                .clone()?;
+            Some((role.role, live))
+        })
+        .collect();
     Ok(Plan {
         engine_platforms,
         pull,
+        live_workers,
         owner: Owner {
             name,
             namespace,
@@ -299,6 +319,7 @@ pub fn plan_deployment(
                 resources: spec.engine.resources.clone(),
                 pd: None,
                 pod_overrides: pod_overrides(spec, Role::Mixed),
+                rollout: rollout_limits(spec, Role::Mixed),
             }]
         }
         Workers::Disaggregated {
@@ -324,6 +345,12 @@ pub fn plan_deployment(
             ]
         }
     };
+    if let Some(stuck) = roles
+        .iter()
+        .find(|r| r.rollout.max_surge == 0 && r.rollout.max_unavailable == 0)
+    {
+        return Err(ValidateError::RolloutCannotProceed(stuck.role.as_str()));
+    }
     let g = &spec.gateway;
     Ok(DeploymentPlan {
         name: name.to_owned(),
@@ -440,6 +467,23 @@ fn topology_role(
             .or_else(|| spec.engine.resources.clone()),
         pd: Some(leg.clone()),
         pod_overrides: pod_overrides(spec, role),
+        rollout: rollout_limits(spec, role),
+    }
+}
+
+/// A role's rollout limits: its own, else the deployment's.
+fn rollout_limits(spec: &InferaDeploymentSpec, role: Role) -> RolloutLimits {
+    let r = &spec.rollout;
+    let own = match role {
+        Role::Mixed => None,
+        Role::Prefill => r.prefill.as_ref(),
+        Role::Decode => r.decode.as_ref(),
+    };
+    RolloutLimits {
+        max_surge: own.and_then(|o| o.max_surge).unwrap_or(r.max_surge),
+        max_unavailable: own
+            .and_then(|o| o.max_unavailable)
+            .unwrap_or(r.max_unavailable),
     }
 }
 

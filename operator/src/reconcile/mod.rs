@@ -12,7 +12,9 @@ pub mod status;
 pub mod topologies;
 pub mod topology_status;
 
-use crate::api::{InferaDeployment, InferaDeploymentStatus, PDTopology, ServingMode};
+use crate::api::{
+    InferaDeployment, InferaDeploymentStatus, PDTopology, RolloutStatus, ServingMode,
+};
 use crate::metrics::Metrics;
 use crate::names::{self, MANAGED_BY};
 use crate::plan::{Observed, Platform, validate};
@@ -316,6 +318,7 @@ fn observe_roles(rendered: &Rendered, applied: &[Applied]) -> Vec<RoleObservatio
                     .map(|(_, n)| *n)
                     .unwrap_or(1),
                 platform: r.platform,
+                progress: r.progress.clone(),
             }
         })
         .collect()
@@ -381,6 +384,10 @@ async fn write_status(
         &written,
     )
     .await?;
+    let before = idep.status.as_ref().and_then(|s| s.rollout.as_ref());
+    for event in rollout_events(before, new.rollout.as_ref(), new.revision.as_deref()) {
+        ctx.publish(idep, event).await;
+    }
     let Some(ready) = ready else {
         return Ok(reason);
     };
@@ -403,6 +410,41 @@ async fn write_status(
             .await;
     }
     Ok(reason)
+}
+
+/// The Events of a rollout's steps: started, blocked (with the scheduler's reason),
+/// complete.
+fn rollout_events(
+    before: Option<&RolloutStatus>,
+    after: Option<&RolloutStatus>,
+    revision: Option<&str>,
+) -> Vec<Event> {
+    let normal = |reason: &str, note: String| Event {
+        type_: EventType::Normal,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Rollout".into(),
+        secondary: None,
+    };
+    let mut events = Vec::new();
+    match (before, after) {
+        (None, Some(r)) => events.push(normal("RolloutStarted", status::rollout_summary(r))),
+        (Some(_), None) => events.push(normal(
+            "RolloutComplete",
+            format!(
+                "every worker runs revision {}",
+                revision.unwrap_or_default()
+            ),
+        )),
+        _ => {}
+    }
+    let blocked = after.and_then(status::rollout_blocked);
+    if blocked.is_some() && blocked != before.and_then(status::rollout_blocked) {
+        let mut event = problem_event("RolloutBlocked", &blocked.unwrap_or_default());
+        event.action = "Rollout".into();
+        events.push(event);
+    }
+    events
 }
 
 /// When to look at a deployment again. Owned children wake the controller when they
@@ -446,7 +488,9 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
     let etcd_client_tls =
         observe::etcd_client_tls(&ctx.client, idep, &ctx.settings.platform).await?;
     let lws = ctx.lws_installed(false).await;
-    let engines = observe::engine_workloads(&ctx.client, &namespace, &name, lws).await?;
+    // The pods before the build: the rollout moves on what they are.
+    let pods = observe::fetch_pods(&ctx.client, &namespace, &name).await?;
+    let engines = observe::engine_workloads(&ctx.client, &namespace, &name, lws, &pods).await?;
     let pull_secrets = observe::pull_secrets(&ctx.client, &ctx.settings.platform).await?;
     let observed = Observed {
         topology: topology.as_ref(),
@@ -479,6 +523,7 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
                 pod_problems: Vec::new(),
                 tokenizer: None,
                 autoscaled: idep.spec.autoscaling.is_some(),
+                revision: None,
             };
             write_status(ctx, idep, &namespace, &obs).await?;
             return Ok(Action::requeue(Duration::from_secs(300)));
@@ -499,6 +544,7 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
                 pod_problems: Vec::new(),
                 tokenizer: None,
                 autoscaled: idep.spec.autoscaling.is_some(),
+                revision: None,
             };
             write_status(ctx, idep, &namespace, &obs).await?;
             return Err(e);
@@ -525,7 +571,6 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
         })
         .unwrap_or((idep.spec.gateway.replicas, 0));
     let lws_missing = problem.is_some();
-    let pods = observe::fetch_pods(&ctx.client, &namespace, &name).await?;
     let tokenizer = match rendered.tokenizer_from_workers {
         true => Some(
             gateway_tokenizer::observe_gateway_tokenizer(&pods, ENGINE_PORT, rendered.gateway_tls)
@@ -544,9 +589,15 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
         pod_problems: pod_problems::build_pod_problems(&pods),
         tokenizer,
         autoscaled: idep.spec.autoscaling.is_some(),
+        revision: Some(rendered.revision.clone()),
     };
     let ready_reason = write_status(ctx, idep, &namespace, &obs).await?;
     let mut requeue = build_requeue(&ready_reason, lws_missing);
+    if rendered.roles.iter().any(|r| r.progress.rolling) {
+        // Pods turning ready wake the controller through their StatefulSet; this is the
+        // net under it.
+        requeue = requeue.min(Duration::from_secs(5));
+    }
     if obs.tokenizer.as_ref().is_some_and(|t| !t.loaded()) {
         // Nothing the operator watches changes when the gateway loads it.
         requeue = requeue.min(NOT_READY_RECHECK);
@@ -650,6 +701,54 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::RoleRolloutStatus;
+
+    #[test]
+    fn a_rollout_tells_when_it_starts_blocks_and_completes() {
+        let rolling = |blocked: Option<&str>| RolloutStatus {
+            revision: "r2".into(),
+            roles: vec![RoleRolloutStatus {
+                role: "decode".into(),
+                replicas: 1,
+                updated: 1,
+                old: 1,
+                ready: 1,
+                blocked: blocked.map(str::to_owned),
+            }],
+        };
+        let reasons = |events: Vec<Event>| {
+            events
+                .into_iter()
+                .map(|e| (e.reason, e.note.unwrap_or_default()))
+                .collect::<Vec<_>>()
+        };
+        let started = rolling(None);
+        assert_eq!(
+            reasons(rollout_events(None, Some(&started), Some("r2"))),
+            [(
+                "RolloutStarted".to_owned(),
+                "rolling to revision r2: decode 1 old, 1 new of 1 (1 ready)".to_owned()
+            )]
+        );
+        let blocked = rolling(Some("0/1 nodes are available"));
+        let events = rollout_events(Some(&started), Some(&blocked), Some("r2"));
+        assert_eq!(events[0].type_, EventType::Warning);
+        assert_eq!(
+            reasons(events),
+            [(
+                "RolloutBlocked".to_owned(),
+                "a new decode worker cannot start: 0/1 nodes are available".to_owned()
+            )]
+        );
+        assert!(rollout_events(Some(&blocked), Some(&blocked), Some("r2")).is_empty());
+        assert_eq!(
+            reasons(rollout_events(Some(&started), None, Some("r2"))),
+            [(
+                "RolloutComplete".to_owned(),
+                "every worker runs revision r2".to_owned()
+            )]
+        );
+    }
 
     #[test]
     fn looks_again_soon_only_while_a_pod_can_tell_why() {

@@ -6,8 +6,10 @@ use crate::api::InferaDeployment;
 use crate::api::PlatformVersion;
 use crate::names;
 use crate::plan::engine_platform::{PLATFORM_ANNOTATION, TEMPLATE_DIGEST_ANNOTATION};
+use crate::plan::rollout::{LivePod, LiveWorkers};
 use crate::plan::{EtcdClientTls, LiveEngines, Platform, PullSecretData};
 use crate::render::Kind;
+use crate::render::workers::REVISION_LABEL;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, PodSpec, Secret};
@@ -160,6 +162,7 @@ pub async fn engine_workloads(
     namespace: &str,
     instance: &str,
     lws: bool,
+    pods: &[Pod],
 ) -> Result<std::collections::BTreeMap<String, LiveEngines>, ReconcileError> {
     let selector = format!(
         "{},{}=engine",
@@ -178,10 +181,9 @@ pub async fn engine_workloads(
     for set in sets {
         let spec = set.spec.as_ref().and_then(|s| s.template.spec.as_ref());
         let name = set.metadata.name.clone().unwrap_or_default();
-        out.insert(
-            name,
-            build_live_engines(set.metadata.annotations.as_ref(), spec),
-        );
+        let mut live = build_live_engines(set.metadata.annotations.as_ref(), spec);
+        live.workers = Some(build_live_workers(&set, pods));
+        out.insert(name, live);
     }
     if lws {
         let ar = Kind::LeaderWorkerSet.api_resource();
@@ -230,7 +232,67 @@ pub fn build_live_engines(
         sidecar: image("sidecar"),
         kvd: image("kvd"),
         engine: image("engine"),
+        workers: None,
     }
+}
+
+/// A StatefulSet's window of ordinals and its pods, for the rollout (pure).
+pub fn build_live_workers(set: &StatefulSet, pods: &[Pod]) -> LiveWorkers {
+    let name = set.metadata.name.as_deref().unwrap_or_default();
+    let spec = set.spec.as_ref();
+    let owned = |pod: &&Pod| {
+        pod.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.kind == "StatefulSet" && o.name == name && o.controller == Some(true))
+    };
+    LiveWorkers {
+        start: spec
+            .and_then(|s| s.ordinals.as_ref())
+            .and_then(|o| o.start)
+            .unwrap_or(0),
+        replicas: spec.and_then(|s| s.replicas).unwrap_or(1),
+        pods: pods
+            .iter()
+            .filter(owned)
+            .filter_map(|p| build_live_pod(name, p))
+            .collect(),
+    }
+}
+
+/// One pod of StatefulSet `set` (pure): its ordinal from `apps.kubernetes.io/pod-index`,
+/// else from its name.
+pub fn build_live_pod(set: &str, pod: &Pod) -> Option<LivePod> {
+    let labels = pod.metadata.labels.as_ref();
+    let ordinal = labels
+        .and_then(|l| l.get("apps.kubernetes.io/pod-index"))
+        .and_then(|i| i.parse().ok())
+        .or_else(|| {
+            pod.metadata
+                .name
+                .as_deref()?
+                .strip_prefix(set)?
+                .strip_prefix('-')?
+                .parse()
+                .ok()
+        })?;
+    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+    let condition = |type_: &str| conditions.and_then(|c| c.iter().find(|c| c.type_ == type_));
+    let unschedulable = condition("PodScheduled")
+        .filter(|c| c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
+        .map(|c| {
+            c.message
+                .clone()
+                .unwrap_or_else(|| "the pod cannot be scheduled".into())
+        });
+    Some(LivePod {
+        ordinal,
+        revision: labels.and_then(|l| l.get(REVISION_LABEL).cloned()),
+        ready: condition("Ready").is_some_and(|c| c.status == "True"),
+        terminating: pod.metadata.deletion_timestamp.is_some(),
+        unschedulable,
+    })
 }
 
 /// The data of the operator's pull secrets that exist (in its own namespace), by name:
@@ -260,4 +322,63 @@ pub async fn pull_secrets(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(value: serde_json::Value) -> Pod {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn a_statefulsets_window_and_its_pods_as_the_rollout_reads_them() {
+        let set: StatefulSet = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "d-decode"},
+            "spec": {"replicas": 2, "ordinals": {"start": 3}, "selector": {}, "serviceName": "d-decode",
+                     "template": {}},
+        }))
+        .unwrap();
+        let owner = serde_json::json!([{"apiVersion": "apps/v1", "kind": "StatefulSet",
+            "name": "d-decode", "uid": "u", "controller": true}]);
+        let pods = [
+            pod(serde_json::json!({
+                "metadata": {"name": "d-decode-3", "ownerReferences": owner,
+                    "labels": {"apps.kubernetes.io/pod-index": "3", "infera.amd.com/engine-revision": "5b1"}},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]}})),
+            pod(serde_json::json!({
+                "metadata": {"name": "d-decode-4", "ownerReferences": owner,
+                    "labels": {"infera.amd.com/engine-revision": "7c9"}},
+                "status": {"conditions": [
+                    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                     "message": "0/1 nodes are available: 1 Insufficient amd.com/gpu."}]}})),
+            // Another workload's pod.
+            pod(serde_json::json!({"metadata": {"name": "d-prefill-0",
+                "labels": {"apps.kubernetes.io/pod-index": "0"}}})),
+        ];
+        let live = build_live_workers(&set, &pods);
+        assert_eq!((live.start, live.replicas), (3, 2));
+        assert_eq!(
+            live.pods,
+            [
+                LivePod {
+                    ordinal: 3,
+                    revision: Some("5b1".into()),
+                    ready: true,
+                    terminating: false,
+                    unschedulable: None,
+                },
+                LivePod {
+                    ordinal: 4,
+                    revision: Some("7c9".into()),
+                    ready: false,
+                    terminating: false,
+                    unschedulable: Some(
+                        "0/1 nodes are available: 1 Insufficient amd.com/gpu.".into()
+                    ),
+                },
+            ]
+        );
+    }
 }

@@ -3,9 +3,10 @@
 
 use super::gateway_tokenizer::GatewayTokenizer;
 use super::pod_problems::{PodProblem, of_component, summarize};
-use crate::api::{InferaDeploymentStatus, RoleStatus};
+use crate::api::{InferaDeploymentStatus, RoleRolloutStatus, RoleStatus, RolloutStatus};
 use crate::api::{PlatformStatus, PlatformVersion};
 use crate::names::Role;
+use crate::plan::rollout::RoleProgress;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 /// One role as observed.
@@ -23,6 +24,8 @@ pub struct RoleObservation {
     pub per_unit: u32,
     /// The release of Infera's parts its pods run.
     pub platform: PlatformVersion,
+    /// Where its rollout stands.
+    pub progress: RoleProgress,
 }
 
 /// The model download.
@@ -62,6 +65,8 @@ pub struct Observation {
     /// `spec.autoscaling` is set: the `Autoscaling` condition follows what the
     /// autoscaler wrote in `status.autoscaling`.
     pub autoscaled: bool,
+    /// The revision of the engine spec, when the build succeeded.
+    pub revision: Option<String>,
 }
 
 fn condition(
@@ -97,6 +102,52 @@ fn units(roles: &[RoleObservation], count: impl Fn(&RoleObservation) -> i32) -> 
         .unwrap_or(0)
 }
 
+/// `status.rollout` while a role has old workers.
+fn build_rollout(revision: Option<&str>, roles: &[RoleObservation]) -> Option<RolloutStatus> {
+    if !roles.iter().any(|r| r.progress.rolling) {
+        return None;
+    }
+    Some(RolloutStatus {
+        revision: revision.unwrap_or_default().to_owned(),
+        roles: roles
+            .iter()
+            .map(|r| RoleRolloutStatus {
+                role: r.role.as_str().into(),
+                replicas: r.desired,
+                updated: r.progress.updated,
+                old: r.progress.old,
+                ready: r.progress.ready,
+                blocked: r.progress.blocked.clone(),
+            })
+            .collect(),
+    })
+}
+
+/// One line of a rollout: each role's old and new workers.
+pub fn rollout_summary(rollout: &RolloutStatus) -> String {
+    let roles = rollout
+        .roles
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {} old, {} new of {} ({} ready)",
+                r.role, r.old, r.updated, r.replicas, r.ready
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    format!("rolling to revision {}: {roles}", rollout.revision)
+}
+
+/// The scheduler's reason a new worker cannot start, with its role.
+pub fn rollout_blocked(rollout: &RolloutStatus) -> Option<String> {
+    rollout.roles.iter().find_map(|r| {
+        r.blocked
+            .as_ref()
+            .map(|why| format!("a new {} worker cannot start: {why}", r.role))
+    })
+}
+
 fn summary(roles: &[RoleObservation]) -> String {
     roles
         .iter()
@@ -127,12 +178,13 @@ pub fn compute_status(
     };
     let (replicas, ready_replicas, roles_status, roles_ready, progress) = match &obs.roles {
         Some(roles) => {
+            // A rolling role runs workers above its count (the surge): ready is enough.
             let all_ready = roles
                 .iter()
-                .all(|r| r.ready >= r.desired && r.current == r.desired);
+                .all(|r| r.ready >= r.desired && (r.current == r.desired || r.progress.rolling));
             (
-                units(roles, |r| r.current),
-                units(roles, |r| r.ready),
+                units(roles, |r| r.current.min(r.desired)),
+                units(roles, |r| r.ready.min(r.desired)),
                 roles
                     .iter()
                     .map(|r| RoleStatus {
@@ -204,6 +256,10 @@ pub fn compute_status(
             format!("{progress}; {gw_ready}/{gw_desired} gateways ready"),
         ),
     };
+    let rollout = match &obs.roles {
+        Some(roles) => build_rollout(obs.revision.as_deref(), roles),
+        None => prev.rollout.clone(),
+    };
     let progressing = match (&obs.problem, &obs.model) {
         (Some((reason, message)), _) if obs.roles.is_none() => {
             cond("Progressing", false, reason, message.clone())
@@ -213,6 +269,12 @@ pub fn compute_status(
             true,
             "ModelDownloading",
             "the model download Job runs".into(),
+        ),
+        _ if rollout.is_some() => cond(
+            "Progressing",
+            true,
+            "RollingOut",
+            rollout.as_ref().map(rollout_summary).unwrap_or_default(),
         ),
         _ if !roles_ready || gw_ready < gw_desired => cond(
             "Progressing",
@@ -233,6 +295,25 @@ pub fn compute_status(
         _ => cond("Degraded", false, "AsExpected", String::new()),
     };
     let mut conditions = vec![ready, progressing, degraded];
+    // Present from a deployment's first rollout on.
+    let blocked = rollout.as_ref().and_then(rollout_blocked);
+    let had_blocked = prev.conditions.iter().any(|c| c.type_ == "RolloutBlocked");
+    match (&rollout, blocked) {
+        (_, Some(why)) => conditions.push(cond("RolloutBlocked", true, "Unschedulable", why)),
+        (Some(r), None) => conditions.push(cond(
+            "RolloutBlocked",
+            false,
+            "Progressing",
+            rollout_summary(r),
+        )),
+        (None, None) if had_blocked => conditions.push(cond(
+            "RolloutBlocked",
+            false,
+            "RolloutComplete",
+            "every worker runs the current revision".into(),
+        )),
+        (None, None) => {}
+    }
     if let Some(t) = &obs.tokenizer {
         let (ok, reason, message) = t.condition();
         conditions.push(cond("TokenizerLoaded", ok, reason, message));
@@ -267,7 +348,7 @@ pub fn compute_status(
                 false,
                 "NewerPlatformAvailable",
                 format!(
-                    "the engines run Infera {}'s sidecar and kvd; {newer} is available: set spec.platform.version: \"{newer}\" to move them (their pods roll one at a time)",
+                    "the engines run Infera {}'s sidecar and kvd; {newer} is available: set spec.platform.version: \"{newer}\" to move them (new pods start beside the old ones, see spec.rollout)",
                     p.engines
                 ),
             ),
@@ -286,6 +367,8 @@ pub fn compute_status(
         // The autoscaler's own field (its field manager): kept for comparison, never
         // written by the reconcile.
         autoscaling: prev.autoscaling,
+        revision: obs.revision.clone().or(prev.revision),
+        rollout,
     }
 }
 

@@ -23,6 +23,7 @@ pub mod workers;
 
 use crate::api::{InferaDeployment, RoutingPolicy};
 use crate::names::{self, Role};
+use crate::plan::rollout::{RoleInput, RoleProgress, plan_rollout};
 use crate::plan::{Observed, Plan, Platform, ValidateError, validate};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
@@ -154,6 +155,8 @@ pub struct RoleWorkers {
     pub name: String,
     /// The release of Infera's parts its pods run.
     pub platform: crate::api::PlatformVersion,
+    /// Where its rollout stands (a LeaderWorkerSet's is not tracked).
+    pub progress: RoleProgress,
 }
 
 /// Everything a deployment should consist of.
@@ -176,6 +179,8 @@ pub struct Rendered {
     pub tokenizer_from_workers: bool,
     /// The gateways serve HTTPS.
     pub gateway_tls: bool,
+    /// The revision of the engine spec.
+    pub revision: String,
 }
 
 /// Serializes a typed object into a child with the owner reference set.
@@ -231,19 +236,47 @@ pub fn build(plan: &Plan) -> Result<Rendered, ValidateError> {
         None => None,
     };
     let model_path = model::model_path(&d.model.volume);
+    let prepared = d
+        .roles
+        .iter()
+        .map(|role| {
+            let command = engine::build_engine_command(plan, role, &model_path);
+            workers::prepare_role(plan, role, &command)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let revision = workers::build_revision(&prepared);
+    let desired: Vec<i32> = d
+        .roles
+        .iter()
+        .map(|r| i32::try_from(r.workers).unwrap_or(i32::MAX))
+        .collect();
+    // A LeaderWorkerSet surges by itself: no window.
+    let inputs: Vec<RoleInput<'_>> = d
+        .roles
+        .iter()
+        .zip(&prepared)
+        .zip(&desired)
+        .map(|((role, p), &desired)| RoleInput {
+            desired: if plan.model_ready { desired } else { 0 },
+            limits: role.rollout,
+            live: plan.live_workers.get(&role.role).filter(|_| p.nodes == 1),
+            revision: p.carries_revision().then_some(revision.as_str()),
+        })
+        .collect();
+    let windows = plan_rollout(&inputs);
     let mut role_workers = Vec::new();
-    for role in &d.roles {
-        let command = engine::build_engine_command(plan, role, &model_path);
-        let desired = i32::try_from(role.workers).unwrap_or(i32::MAX);
-        let rendered = if plan.model_ready { desired } else { 0 };
-        let set = workers::build_role_set(plan, role, rendered, &command)?;
+    for (((role, p), (window, progress)), desired) in
+        d.roles.iter().zip(prepared).zip(windows).zip(desired)
+    {
+        let set = workers::finish_role(plan, role, p, &revision, window);
         role_workers.push(RoleWorkers {
             role: role.role,
             desired,
-            rendered,
+            rendered: window.replicas,
             kind: set.kind,
             name: set.name.clone(),
             platform: set.platform,
+            progress,
         });
         children.extend(set.children);
     }
@@ -269,8 +302,11 @@ pub fn build(plan: &Plan) -> Result<Rendered, ValidateError> {
         tokenizer_from_workers: d.gateway.routing.policy == RoutingPolicy::KvAware
             && gateway::tokenizer_from_workers(plan),
         gateway_tls: d.gateway.tls.is_some(),
+        revision,
     })
 }
 
+#[cfg(test)]
+mod rollout_tests;
 #[cfg(test)]
 mod tests;

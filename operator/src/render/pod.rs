@@ -5,7 +5,7 @@
 
 use super::engine::{ENGINE_PORT, EngineCommand, KV_EVENTS_PORT, MODEL_MOUNT};
 use super::pull::{PodKind, apply_pull};
-use crate::api::SchedulingSpec;
+use crate::api::{PlatformVersion, SchedulingSpec};
 use crate::names;
 use crate::plan::{Discovery, EnginePlatform, KvdPlan, ModelVolume, Plan, RolePlan};
 use infera_engine_prep::Launch;
@@ -560,6 +560,13 @@ fn sidecar_container(input: &PodInput<'_>) -> Container {
         volume_mounts: Some(sidecar_mounts(input.plan)),
         security_context: Some(restricted_security()),
         resources: Some(cpu_and_memory("50m", "64Mi", "256Mi")),
+        // From 0.2.0 a Ready pod is a registered one: a rollout retires an old worker
+        // only once its replacement takes requests.
+        readiness_probe: input
+            .platform
+            .version
+            .at_least(PlatformVersion::V0_2_0)
+            .then(|| probe("/ready", SIDECAR_PORT, 2, 2)),
         ..Default::default()
     }
 }

@@ -319,7 +319,7 @@ fn an_mi355x_engine_pod_gets_gpus_rdma_roce_env_shm_probes_and_the_drain() {
         !sargs.contains(&"--disaggregation-allow-tcp".to_owned()),
         "RDMA is on"
     );
-    // PDB, headless service, and a rollout that replaces one pod at a time.
+    // PDB, headless service, and pods the operator replaces itself (plan::rollout).
     assert_eq!(
         find(&r, Kind::PodDisruptionBudget, "deepseek-r1-prefill")["spec"]["maxUnavailable"],
         1
@@ -328,7 +328,7 @@ fn an_mi355x_engine_pod_gets_gpus_rdma_roce_env_shm_probes_and_the_drain() {
         find(&r, Kind::Service, "deepseek-r1-prefill")["spec"]["clusterIP"],
         "None"
     );
-    assert_eq!(sts["spec"]["updateStrategy"]["type"], "RollingUpdate");
+    assert_eq!(sts["spec"]["updateStrategy"]["type"], "OnDelete");
     assert_eq!(sts["spec"]["replicas"], 2, "replicas 2 of a 1P1D topology");
 }
 

@@ -1,7 +1,10 @@
 //! One role's workers (pure): a StatefulSet of engine pods, or a LeaderWorkerSet when a
 //! worker spans nodes, plus a headless Service (stable pod DNS for bootstrap and
-//! rendezvous) and a PodDisruptionBudget. Rollouts replace one worker at a time,
-//! deleting before creating, so they never need spare GPUs.
+//! rendezvous) and a PodDisruptionBudget. From release 0.2.0 the StatefulSet replaces
+//! no pod by itself (`OnDelete`): the operator rolls it by moving its window of
+//! ordinals ([`crate::plan::rollout`]), new pods beside the old ones; a LeaderWorkerSet
+//! surges by itself. Every pod carries the deployment's revision
+//! ([`REVISION_LABEL`]), the same in every role.
 //!
 //! The pod template is rendered under the release of Infera's parts the role keeps
 //! when that gives the template the workload records, else under the target release
@@ -17,18 +20,25 @@ use crate::names::{self, Role};
 use crate::plan::engine_platform::{
     PLATFORM_ANNOTATION, TEMPLATE_DIGEST_ANNOTATION, build_release_platform,
 };
+use crate::plan::rollout::Window;
 use crate::plan::{EnginePlatform, PlatformChoice};
 use crate::plan::{Plan, PodOverride, RolePlan, ValidateError};
+use infera_proto::sidecar::REVISION_ENV;
 use k8s_openapi::api::apps::v1::{
-    RollingUpdateStatefulSetStrategy, StatefulSet, StatefulSetSpec, StatefulSetUpdateStrategy,
+    RollingUpdateStatefulSetStrategy, StatefulSet, StatefulSetOrdinals, StatefulSetSpec,
+    StatefulSetUpdateStrategy,
 };
-use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::api::core::v1::{EnvVar, PodTemplateSpec};
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::json;
 use std::collections::BTreeMap;
+
+/// The label (on engine pods and their workloads) naming the revision of the
+/// deployment's engine spec.
+pub const REVISION_LABEL: &str = "infera.amd.com/engine-revision";
 
 /// A role's objects and which kind runs its workers.
 #[derive(Debug, Clone)]
@@ -119,15 +129,36 @@ fn disruption_budget(plan: &Plan, role: Role) -> Child {
     )
 }
 
-/// The objects of one role: `replicas` workers running `engine`.
-pub fn build_role_set(
+/// A role's pod templates before the revision is put in them, and the release they
+/// are rendered under.
+#[derive(Debug, Clone)]
+pub struct PreparedRole {
+    /// The role.
+    pub role: Role,
+    /// The leader's template, then a follower's for multi-node workers.
+    pub templates: Vec<PodTemplateSpec>,
+    /// Their digest (the workload's [`TEMPLATE_DIGEST_ANNOTATION`]).
+    pub digest: String,
+    /// The release they are rendered under.
+    pub platform: PlatformVersion,
+    /// Nodes per worker (above 1: a LeaderWorkerSet).
+    pub nodes: u32,
+}
+
+impl PreparedRole {
+    /// Whether its pods get the revision (label, and the sidecar's environment).
+    pub fn carries_revision(&self) -> bool {
+        self.platform.at_least(PlatformVersion::V0_2_0)
+    }
+}
+
+/// The pod templates of one role running `engine`, under the release the role keeps
+/// when that gives the template it records, else under the target release.
+pub fn prepare_role(
     plan: &Plan,
     role: &RolePlan,
-    replicas: i32,
     engine: &EngineCommand,
-) -> Result<BuiltRole, ValidateError> {
-    let instance = plan.owner.name.as_str();
-    let name = names::workers(instance, role.role);
+) -> Result<PreparedRole, ValidateError> {
     let drain_token = drain_token(&plan.owner.reference.uid);
     let overrides: Vec<&PodOverride> = role.pod_overrides.iter().collect();
     let nodes = role.parallelism.nodes_per_worker;
@@ -175,7 +206,7 @@ pub fn build_role_set(
         }
         None => None,
     };
-    let (platform, mut rendered, digest) = match kept {
+    let (platform, templates, digest) = match kept {
         Some(kept) => kept,
         None => {
             let rendered = templates(&choice.target)?;
@@ -183,11 +214,91 @@ pub fn build_role_set(
             (&choice.target, rendered, digest)
         }
     };
-    let version = platform.version;
+    Ok(PreparedRole {
+        role: role.role,
+        templates,
+        digest,
+        platform: platform.version,
+        nodes,
+    })
+}
+
+/// The revision of the deployment's engine spec: the first 16 hex characters of the
+/// SHA-256 of every role's template digest. A change to any role's pods is a new
+/// revision of all of them (prefill and decode roll as one topology).
+pub fn build_revision(roles: &[PreparedRole]) -> String {
+    use sha2::Digest;
+    let mut hash = sha2::Sha256::new();
+    for r in roles {
+        hash.update(r.role.as_str().as_bytes());
+        hash.update(b"=");
+        hash.update(r.digest.as_bytes());
+        hash.update(b"\n");
+    }
+    hex::encode(&hash.finalize()[..8])
+}
+
+/// Puts `revision` in a template: the pod's label, and the sidecar's environment (it
+/// registers it in the worker record).
+fn with_revision(mut template: PodTemplateSpec, revision: &str) -> PodTemplateSpec {
+    template
+        .metadata
+        .get_or_insert_with(Default::default)
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(REVISION_LABEL.to_owned(), revision.to_owned());
+    let sidecar = template
+        .spec
+        .as_mut()
+        .and_then(|s| s.init_containers.as_mut())
+        .and_then(|c| c.iter_mut().find(|c| c.name == "sidecar"));
+    if let Some(sidecar) = sidecar {
+        sidecar.env.get_or_insert_with(Vec::new).push(EnvVar {
+            name: REVISION_ENV.into(),
+            value: Some(revision.to_owned()),
+            ..Default::default()
+        });
+    }
+    template
+}
+
+/// The objects of one role: its workers in `window` (a StatefulSet's ordinals; a
+/// LeaderWorkerSet runs `window.replicas` and surges by itself).
+pub fn finish_role(
+    plan: &Plan,
+    role: &RolePlan,
+    prepared: PreparedRole,
+    revision: &str,
+    window: Window,
+) -> BuiltRole {
+    let instance = plan.owner.name.as_str();
+    let name = names::workers(instance, role.role);
+    let version = prepared.platform;
+    let carries = prepared.carries_revision();
+    let mut rendered: Vec<PodTemplateSpec> = if carries {
+        prepared
+            .templates
+            .into_iter()
+            .map(|t| with_revision(t, revision))
+            .collect()
+    } else {
+        prepared.templates
+    };
+    let mut annotations = platform_annotations(version, prepared.digest);
+    if carries {
+        annotations.insert(REVISION_LABEL.to_owned(), revision.to_owned());
+    }
     let labels = names::role_labels(instance, role.role);
-    let (kind, workload) = if nodes > 1 {
+    let limits = role.rollout;
+    let (kind, workload) = if prepared.nodes > 1 {
         let worker = rendered.pop().unwrap_or_default();
         let leader = rendered.pop().unwrap_or_default();
+        // LeaderWorkerSet surges on its own; 0.1.0 replaced one group at a time.
+        let (surge, unavailable) = if carries {
+            (limits.max_surge, limits.max_unavailable)
+        } else {
+            (0, 1)
+        };
         let object = json!({
             "apiVersion": "leaderworkerset.x-k8s.io/v1",
             "kind": "LeaderWorkerSet",
@@ -195,18 +306,18 @@ pub fn build_role_set(
                 "name": name,
                 "namespace": plan.owner.namespace,
                 "labels": labels,
-                "annotations": platform_annotations(version, digest),
+                "annotations": annotations,
                 "ownerReferences": [plan.owner.reference],
             },
             "spec": {
-                "replicas": replicas,
+                "replicas": window.replicas,
                 "startupPolicy": "LeaderCreated",
                 "rolloutStrategy": {
                     "type": "RollingUpdate",
-                    "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0},
+                    "rollingUpdateConfiguration": {"maxUnavailable": unavailable, "maxSurge": surge},
                 },
                 "leaderWorkerTemplate": {
-                    "size": nodes,
+                    "size": prepared.nodes,
                     "restartPolicy": "RecreateGroupOnPodRestart",
                     "leaderTemplate": leader,
                     "workerTemplate": worker,
@@ -223,11 +334,30 @@ pub fn build_role_set(
         )
     } else {
         let mut metadata = plan.owner.meta(name.clone(), labels);
-        metadata.annotations = Some(platform_annotations(version, digest));
+        metadata.annotations = Some(annotations);
+        // From 0.2.0 the operator replaces pods itself (the window of ordinals, see
+        // `plan::rollout`); 0.1.0's StatefulSets rolled one pod at a time.
+        let update_strategy = if carries {
+            StatefulSetUpdateStrategy {
+                type_: Some("OnDelete".into()),
+                rolling_update: None,
+            }
+        } else {
+            StatefulSetUpdateStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateStatefulSetStrategy {
+                    partition: Some(0),
+                    ..Default::default()
+                }),
+            }
+        };
         let sts = StatefulSet {
             metadata,
             spec: Some(StatefulSetSpec {
-                replicas: Some(replicas),
+                replicas: Some(window.replicas),
+                ordinals: (window.start > 0).then_some(StatefulSetOrdinals {
+                    start: Some(window.start),
+                }),
                 service_name: Some(name.clone()),
                 selector: LabelSelector {
                     match_labels: Some(names::role_selector(instance, role.role)),
@@ -235,13 +365,7 @@ pub fn build_role_set(
                 },
                 // Model loads take minutes: start every worker at once.
                 pod_management_policy: Some("Parallel".into()),
-                update_strategy: Some(StatefulSetUpdateStrategy {
-                    type_: Some("RollingUpdate".into()),
-                    rolling_update: Some(RollingUpdateStatefulSetStrategy {
-                        partition: Some(0),
-                        ..Default::default()
-                    }),
-                }),
+                update_strategy: Some(update_strategy),
                 template: rendered.pop().unwrap_or_default(),
                 ..Default::default()
             }),
@@ -252,7 +376,7 @@ pub fn build_role_set(
             child(Kind::StatefulSet, sts, Some(&plan.owner.reference)),
         )
     };
-    Ok(BuiltRole {
+    BuiltRole {
         kind,
         name,
         children: vec![
@@ -261,5 +385,5 @@ pub fn build_role_set(
             disruption_budget(plan, role.role),
         ],
         platform: version,
-    })
+    }
 }

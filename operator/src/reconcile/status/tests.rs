@@ -14,6 +14,12 @@ fn role(role: Role, desired: i32, current: i32, ready: i32, per_unit: u32) -> Ro
         ready,
         per_unit,
         platform: PlatformVersion::CURRENT,
+        progress: RoleProgress {
+            desired,
+            updated: current,
+            ready,
+            ..RoleProgress::default()
+        },
     }
 }
 
@@ -29,6 +35,7 @@ fn obs(roles: Vec<RoleObservation>, gateway: (i32, i32)) -> Observation {
         pod_problems: Vec::new(),
         tokenizer: None,
         autoscaled: false,
+        revision: Some("5f1c2a9e0b7d4c31".into()),
     }
 }
 
@@ -263,4 +270,94 @@ fn the_autoscaling_condition_follows_what_the_autoscaler_wrote() {
     assert_eq!(s.autoscaling, written.autoscaling);
     let again = compute_status(Some(&s), &o, &t(300));
     assert_eq!(again, s);
+}
+
+fn rolling(
+    mut r: RoleObservation,
+    old: i32,
+    updated: i32,
+    blocked: Option<&str>,
+) -> RoleObservation {
+    r.progress = RoleProgress {
+        desired: r.desired,
+        updated,
+        old,
+        ready: r.ready,
+        blocked: blocked.map(str::to_owned),
+        rolling: old > 0,
+    };
+    r
+}
+
+#[test]
+fn a_rollout_with_its_surge_stays_ready_and_says_where_it_stands() {
+    // 1P1D mid-rollout: each role runs its old worker and a surge pod, all ready.
+    let roles = vec![
+        rolling(role(Role::Prefill, 1, 2, 2, 1), 1, 1, None),
+        rolling(role(Role::Decode, 1, 2, 2, 1), 1, 1, None),
+    ];
+    let s = compute_status(None, &obs(roles, (1, 1)), &t(10));
+    assert_eq!(cond(&s, "Ready").status, "True", "{:?}", s.conditions);
+    assert_eq!(
+        (s.replicas, s.ready_replicas),
+        (1, 2),
+        "surge pods are not units"
+    );
+    let progressing = cond(&s, "Progressing");
+    assert_eq!(
+        (progressing.status.as_str(), progressing.reason.as_str()),
+        ("True", "RollingOut")
+    );
+    assert_eq!(
+        progressing.message,
+        "rolling to revision 5f1c2a9e0b7d4c31: prefill 1 old, 1 new of 1 (2 ready); decode 1 old, 1 new of 1 (2 ready)"
+    );
+    let rollout = s.rollout.clone().unwrap();
+    assert_eq!(rollout.revision, "5f1c2a9e0b7d4c31");
+    assert_eq!(rollout.roles[1].old, 1);
+    assert_eq!(cond(&s, "RolloutBlocked").status, "False");
+    assert_eq!(s.revision.as_deref(), Some("5f1c2a9e0b7d4c31"));
+
+    // A surge pod that cannot be scheduled: blocked, with the scheduler's words.
+    let why = "0/1 nodes are available: 1 Insufficient amd.com/gpu.";
+    let roles = vec![
+        rolling(role(Role::Prefill, 1, 2, 1, 1), 1, 1, Some(why)),
+        rolling(role(Role::Decode, 1, 2, 2, 1), 1, 1, None),
+    ];
+    let s = compute_status(Some(&s), &obs(roles, (1, 1)), &t(20));
+    let blocked = cond(&s, "RolloutBlocked");
+    assert_eq!(
+        (blocked.status.as_str(), blocked.reason.as_str()),
+        ("True", "Unschedulable")
+    );
+    assert_eq!(
+        blocked.message,
+        format!("a new prefill worker cannot start: {why}")
+    );
+    assert_eq!(cond(&s, "Ready").status, "True", "the old workers serve");
+
+    // Done: no rollout, the condition says so.
+    let roles = vec![
+        role(Role::Prefill, 1, 1, 1, 1),
+        role(Role::Decode, 1, 1, 1, 1),
+    ];
+    let s = compute_status(Some(&s), &obs(roles, (1, 1)), &t(30));
+    assert!(s.rollout.is_none());
+    let blocked = cond(&s, "RolloutBlocked");
+    assert_eq!(
+        (blocked.status.as_str(), blocked.reason.as_str()),
+        ("False", "RolloutComplete")
+    );
+    assert_eq!(cond(&s, "Progressing").reason, "Complete");
+}
+
+#[test]
+fn a_deployment_that_never_rolled_has_no_rollout_condition() {
+    let s = compute_status(
+        None,
+        &obs(vec![role(Role::Mixed, 2, 2, 2, 1)], (1, 1)),
+        &t(1),
+    );
+    assert!(s.conditions.iter().all(|c| c.type_ != "RolloutBlocked"));
+    assert!(s.rollout.is_none());
 }
