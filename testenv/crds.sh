@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fetches the third-party CRDs that the GitOps examples and their tests need (Argo CD,
-# Flux, LeaderWorkerSet) from the Go module proxy: `go mod download` of the project's
+# Flux, LeaderWorkerSet, GAIE's InferencePool) from the Go module proxy: `go mod download` of the project's
 # module at a pinned version, then the CRD files are copied out of the module's source.
 # One folder per NAME, keyed by version; prints one `NAME=DIR` line per folder.
 # Idempotent: a folder already in the cache is not fetched again (the second run runs
@@ -26,6 +26,8 @@
 #             source.toolkit.fluxcd.io_ocirepositories.yaml
 #             source.toolkit.fluxcd.io_helmcharts.yaml
 #             kustomize.toolkit.fluxcd.io_kustomizations.yaml
+#   GAIE    $cache/crds/gaie-v1.6.0/
+#             inference.networking.k8s.io_inferencepools.yaml
 #
 # A module the proxy does not serve (or that needs a newer Go than this machine's) is
 # skipped with a message on stderr and no line for its NAME; the script still exits 0,
@@ -37,6 +39,7 @@ ARGOCD_VERSION=v3.5.7       # github.com/argoproj/argo-cd/v3; v3.6.x needs Go 1.
 HELM_CONTROLLER_VERSION=v1.6.4     # HelmRelease helm.toolkit.fluxcd.io/v2; v1.6.5, v1.7.x refused
 SOURCE_CONTROLLER_VERSION=v1.9.6   # helm-controller v1.6.4 pins source-controller/api v1.9.x
 KUSTOMIZE_CONTROLLER_VERSION=v1.9.6
+GAIE_VERSION=v1.6.0         # sigs.k8s.io/gateway-api-inference-extension: InferencePool v1
 
 cache=${INFERA_TESTENV_CACHE:-$HOME/.cache/infera-testenv}
 mode=${1:-}
@@ -104,6 +107,7 @@ argocd_mod=github.com/argoproj/argo-cd/v3@$ARGOCD_VERSION
 helm_mod=github.com/fluxcd/helm-controller@$HELM_CONTROLLER_VERSION
 source_mod=github.com/fluxcd/source-controller@$SOURCE_CONTROLLER_VERSION
 kustomize_mod=github.com/fluxcd/kustomize-controller@$KUSTOMIZE_CONTROLLER_VERSION
+gaie_mod=sigs.k8s.io/gateway-api-inference-extension@$GAIE_VERSION
 
 pairs=()
 # add NAME VERSION SPEC...: fetch, and remember NAME=DIR unless it was skipped.
@@ -126,6 +130,8 @@ add FLUX "helm-$HELM_CONTROLLER_VERSION-source-$SOURCE_CONTROLLER_VERSION-kustom
     "$source_mod:config/crd/bases/source.toolkit.fluxcd.io_ocirepositories.yaml" \
     "$source_mod:config/crd/bases/source.toolkit.fluxcd.io_helmcharts.yaml" \
     "$kustomize_mod:config/crd/bases/kustomize.toolkit.fluxcd.io_kustomizations.yaml"
+add GAIE "$GAIE_VERSION" \
+    "$gaie_mod:config/crd/bases/inference.networking.k8s.io_inferencepools.yaml"
 
 for pair in ${pairs[@]+"${pairs[@]}"}; do
     if [ "$mode" = "--env" ]; then

@@ -338,6 +338,64 @@ pub struct GatewayConfig {
     #[arg(long, env = "INFERA_TLS_KEY_FILE", requires = "tls_cert_file")]
     pub tls_key_file: Option<PathBuf>,
 
+    /// Also serve the endpoint picker of the Gateway API Inference Extension on this
+    /// port: a Gateway in front of an InferencePool (Envoy's ext_proc filter, and the
+    /// gateways built on it) asks it which worker takes each request, chosen with this
+    /// gateway's discovery, policy and kv state. GAIE's port is 9002. Off unless set.
+    #[arg(long, env = "INFERA_EPP_PORT")]
+    pub epp_port: Option<u16>,
+
+    /// The endpoint picker's plaintext gRPC health port (services `liveness`,
+    /// `readiness`, `inference-extension`, the ext_proc service and `""`; ready once
+    /// discovery has synced). Also served on --epp-port.
+    #[arg(long, env = "INFERA_EPP_HEALTH_PORT", default_value_t = 9003)]
+    pub epp_health_port: u16,
+
+    /// TLS on --epp-port, as GAIE's reference picker serves it: the certificate of
+    /// --epp-tls-cert-file, else a self-signed one made at start (GAIE gateways do not
+    /// verify it). `--epp-secure-serving false` serves plaintext h2.
+    #[arg(long, env = "INFERA_EPP_SECURE_SERVING", default_value_t = true, action = clap::ArgAction::Set)]
+    pub epp_secure_serving: bool,
+
+    /// PEM certificate chain for --epp-port (with --epp-tls-key-file).
+    #[arg(long, env = "INFERA_EPP_TLS_CERT_FILE", requires = "epp_tls_key_file")]
+    pub epp_tls_cert_file: Option<PathBuf>,
+
+    /// The PEM private key of --epp-tls-cert-file.
+    #[arg(long, env = "INFERA_EPP_TLS_KEY_FILE", requires = "epp_tls_cert_file")]
+    pub epp_tls_key_file: Option<PathBuf>,
+
+    /// The port written into picked endpoints instead of the worker's own (the earlier
+    /// picker's --destination-port: a frontend beside each engine, e.g. a gateway in
+    /// direct mode). Default: the port of the worker's URL.
+    #[arg(long, env = "INFERA_EPP_DESTINATION_PORT")]
+    pub epp_destination_port: Option<u16>,
+
+    /// Fallback endpoints listed after the picked one, in the order the picker would try
+    /// them (Envoy's override_host policy goes down the list on a retry). Prefill/decode
+    /// pairs have none.
+    #[arg(long, env = "INFERA_EPP_FALLBACKS", default_value_t = 2)]
+    pub epp_fallbacks: usize,
+
+    /// With kubernetes discovery, take the worker Pods from this InferencePool
+    /// (`inference.networking.k8s.io/v1`, in --k8s-namespace): its `selector.matchLabels`
+    /// replace --k8s-label-selector and its `targetPorts` those of --epp-target-ports.
+    /// Read at start. Needs `get` on inferencepools.
+    #[arg(long, env = "INFERA_EPP_POOL_NAME")]
+    pub epp_pool_name: Option<String>,
+
+    /// With kubernetes discovery, route Ready Pods that have no Infera sidecar (no
+    /// worker record: a stock vLLM or SGLang someone else deployed) on these ports,
+    /// each port an endpoint, for any model, by load and the prefixes of the picker's
+    /// own picks. Pods with a sidecar bring their records as always.
+    #[arg(long, env = "INFERA_EPP_TARGET_PORTS", value_delimiter = ',')]
+    pub epp_target_ports: Vec<u16>,
+
+    /// Requests the picker lets a worker have in flight; when every candidate has that
+    /// many, the request is refused with 429 (GAIE's "all full"). 0: no cap.
+    #[arg(long, env = "INFERA_EPP_MAX_INFLIGHT_PER_WORKER", default_value_t = 0)]
+    pub epp_max_inflight_per_worker: u64,
+
     /// Requests served at once (from arrival to the last byte of the answer, streams
     /// included); more are refused at once with 429 and `Retry-After`. 0: no limit.
     #[arg(long, env = "INFERA_MAX_CONCURRENT_REQUESTS", default_value_t = 1024)]
@@ -632,14 +690,16 @@ impl GatewayConfig {
         }
         match self.discovery_backend {
             DiscoveryBackend::Kubernetes
-                if self
-                    .k8s_label_selector
-                    .as_deref()
-                    .is_none_or(|s| s.trim().is_empty()) =>
+                if self.epp_pool_name.is_none()
+                    && self
+                        .k8s_label_selector
+                        .as_deref()
+                        .is_none_or(|s| s.trim().is_empty()) =>
             {
                 return Err(ConfigError(
                     "--discovery-backend kubernetes needs --k8s-label-selector SELECTOR \
-                     (the labels of the worker Pods, e.g. infera.amd.com/deployment=NAME)"
+                     (the labels of the worker Pods, e.g. infera.amd.com/deployment=NAME), \
+                     or --epp-pool-name (an InferencePool's selector)"
                         .into(),
                 ));
             }

@@ -31,6 +31,7 @@
 //! and stops it all.
 
 pub mod config;
+mod epp;
 mod http;
 mod metrics;
 mod offload;
@@ -44,6 +45,7 @@ mod workers;
 #[cfg(feature = "bench")]
 pub mod bench;
 
+pub use epp::serve::{EppAddrs, EppError};
 pub use http::tls::TlsCertificates;
 pub use metrics::parse_picks;
 pub use state::Gateway;

@@ -183,6 +183,7 @@ pub(crate) struct Metrics {
     pd_decode_retries: Counter,
     admission_refused: Counter,
     health_changes: Family<One, Counter>,
+    epp_exchanges: Family<One, Counter>,
     /// Client connections open now (the HTTP server counts them).
     pub connections_open: Arc<AtomicUsize>,
 }
@@ -212,6 +213,7 @@ impl Default for Metrics {
             pd_decode_retries: Counter::default(),
             admission_refused: Counter::default(),
             health_changes: Family::default(),
+            epp_exchanges: Family::default(),
             connections_open: Arc::default(),
         };
         m.registered()
@@ -348,7 +350,20 @@ impl Metrics {
             "Decode legs opened again after failing before their first byte.",
             self.pd_decode_retries.clone(),
         );
+        register_counter(
+            r,
+            "infera_epp_exchanges_total",
+            "Endpoint-picker exchanges by result: picked, refused (with the status), failed.",
+            self.epp_exchanges.clone(),
+        );
         self
+    }
+
+    /// An endpoint-picker exchange's result (`picked`, `refused_503`, ..., `failed`).
+    pub(crate) fn record_epp_exchange(&self, result: &'static str) {
+        self.epp_exchanges
+            .get_or_create(&[("result", result)])
+            .inc();
     }
 
     /// A pick of `worker_id` for `role` (`mixed`, `prefill`, `decode`).

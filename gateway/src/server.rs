@@ -4,6 +4,7 @@
 //! stops discovery.
 
 use crate::config::{ConfigError, DiscoveryBackend, KvEventTransport, RequestTransportArg};
+use crate::epp::serve::{EppAddrs, start_epp};
 use crate::http::build_router;
 use crate::http::listener::{ServeOptions, serve};
 use crate::http::reload::{RELOAD_INTERVAL, reload_every};
@@ -13,7 +14,9 @@ use crate::route::tokenizer::run_tokenizer_fetch;
 use crate::send::nats::NatsPlane;
 use crate::state::Gateway;
 use crate::workers::discovery::etcd::run_etcd_discovery;
-use crate::workers::discovery::kubernetes::{build_kube_client, run_kubernetes_discovery};
+use crate::workers::discovery::kubernetes::{
+    PoolPorts, build_kube_client, read_inference_pool, run_kubernetes_discovery,
+};
 use crate::workers::discovery::static_file::{load_worker_file, watch_worker_file};
 use crate::workers::health::{HealthChecks, run_health_checks};
 use std::net::SocketAddr;
@@ -32,6 +35,8 @@ pub struct RunningGateway {
     pub gateway: Arc<Gateway>,
     /// The served certificate (with --tls-cert-file).
     pub tls: Option<Arc<TlsCertificates>>,
+    /// Where the endpoint picker listens (with --epp-port).
+    pub epp: Option<EppAddrs>,
     stop: watch::Sender<bool>,
     tasks: JoinSet<()>,
 }
@@ -109,19 +114,31 @@ pub async fn start_gateway(
                 .k8s_namespace
                 .clone()
                 .unwrap_or_else(|| client.default_namespace().to_owned());
-            // `validate` refuses the kubernetes backend without a selector.
-            let selector = cfg.k8s_label_selector.clone().unwrap_or_default();
+            // `validate` refuses the kubernetes backend without a selector or a pool.
+            let mut selector = cfg.k8s_label_selector.clone().unwrap_or_default();
+            let mut pool = (!cfg.epp_target_ports.is_empty()).then(|| PoolPorts {
+                ports: cfg.epp_target_ports.clone(),
+            });
+            if let Some(name) = &cfg.epp_pool_name {
+                let (labels, ports) = read_inference_pool(client.clone(), &namespace, name)
+                    .await
+                    .map_err(|e| ConfigError(e.to_string()))?;
+                tracing::info!(pool = %name, selector = %labels, ports = ?ports.ports, "routing the InferencePool's Pods");
+                selector = labels;
+                pool = Some(ports);
+            }
             tasks.spawn(run_kubernetes_discovery(
                 client,
                 namespace,
                 selector,
+                pool,
                 gateway.registry.clone(),
                 gateway.metrics.clone(),
                 stop_rx.clone(),
             ));
         }
     }
-    finish_start(gateway, listener, stop, stop_rx, tasks)
+    finish_start(gateway, listener, stop, stop_rx, tasks).await
 }
 
 /// Starts KV-event ingestion when routing is kv-aware.
@@ -152,7 +169,7 @@ pub async fn start_embedded(
     connect_request_plane(&gateway).await?;
     let (stop, stop_rx) = watch::channel(false);
     let tasks = JoinSet::new();
-    finish_start(gateway, listener, stop, stop_rx, tasks)
+    finish_start(gateway, listener, stop, stop_rx, tasks).await
 }
 
 /// Connects the NATS request plane (`--request-transport nats`), before the listener
@@ -172,8 +189,9 @@ async fn connect_request_plane(gateway: &Gateway) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Starts KV ingestion and the HTTP server: the part every way of starting shares.
-fn finish_start(
+/// Starts KV ingestion, the endpoint picker (with --epp-port) and the HTTP server: the
+/// part every way of starting shares.
+async fn finish_start(
     gateway: Arc<Gateway>,
     listener: TcpListener,
     stop: watch::Sender<bool>,
@@ -181,6 +199,14 @@ fn finish_start(
     mut tasks: JoinSet<()>,
 ) -> Result<RunningGateway, ConfigError> {
     spawn_kv_ingest(&gateway, &mut tasks, &stop_rx);
+    let epp = match gateway.cfg.epp_port {
+        Some(port) => Some(
+            start_epp(&gateway, port, &mut tasks, &stop_rx)
+                .await
+                .map_err(|e| ConfigError(e.to_string()))?,
+        ),
+        None => None,
+    };
     let cfg = &gateway.cfg;
     let checks = HealthChecks {
         registry: gateway.registry.clone(),
@@ -243,6 +269,7 @@ fn finish_start(
         addr,
         gateway,
         tls,
+        epp,
         stop,
         tasks,
     })

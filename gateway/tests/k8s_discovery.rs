@@ -335,3 +335,161 @@ async fn pods_with_a_bad_record_or_other_labels_are_left_out() {
     gw.shutdown().await;
     drop_namespace(&client, &ns).await;
 }
+
+/// Installs GAIE's InferencePool CRD (from `testenv/crds.sh`) in the test apiserver;
+/// `false` when the test environment has not fetched it.
+async fn install_inference_pool_crd(client: &kube::Client) -> bool {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let Some(dir) = std::env::var_os("INFERA_TESTENV_CRDS_GAIE") else {
+        eprintln!("skipped: INFERA_TESTENV_CRDS_GAIE is unset (scripts/test runs testenv/crds.sh)");
+        return false;
+    };
+    let path = std::path::Path::new(&dir).join("inference.networking.k8s.io_inferencepools.yaml");
+    let crd: CustomResourceDefinition =
+        serde_saphyr::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    match crds.create(&PostParams::default(), &crd).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(e) => panic!("creating the InferencePool CRD: {e}"),
+    }
+    infera_testkit::kube_apiserver::wait_established(
+        client,
+        "inferencepools.inference.networking.k8s.io",
+    )
+    .await
+    .unwrap();
+    true
+}
+
+/// An InferencePool's Pods as GAIE selects them: a stock engine's Pod (no sidecar, no
+/// record) is routed on every target port, for any model no record names; a Pod with
+/// a sidecar brings its record as always; both fronts (the HTTP API and the endpoint
+/// picker) route the same way.
+#[tokio::test]
+async fn an_inference_pools_stock_pods_are_routed_on_its_target_ports() {
+    use common::ext_proc::{exchange, set_header};
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let client = infera_testkit::kube_client().await.unwrap();
+    if !install_inference_pool_crd(&client).await {
+        return;
+    }
+    let ns = create_namespace(&client).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    // Two ranks of one stock engine (two ports of one Pod), and a sidecar'd engine of
+    // another model.
+    let (rank0, rank1, other) = (
+        start_sim(EngineKind::Vllm, 50.0).await,
+        start_sim(EngineKind::Vllm, 50.0).await,
+        start_sim_with(EngineKind::Vllm, 50.0, |c| c.model = "other-model".into()).await,
+    );
+    create_serving_pod(&pods, "stock-0", "pool", "").await;
+    let patch = json!({"metadata": {"annotations": {WORKER_INFO_ANNOTATION: null}}});
+    pods.patch("stock-0", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let mut record = record_for(other.addr, EngineKind::Vllm);
+    record.model_name = "other-model".into();
+    create_serving_pod(&pods, "sidecar-0", "pool", &record.to_json()).await;
+    let gvk = GroupVersionKind::gvk("inference.networking.k8s.io", "v1", "InferencePool");
+    let pools: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &ns, &ApiResource::from_gvk(&gvk));
+    let pool: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "kind": "InferencePool",
+        "metadata": {"name": "pool"},
+        "spec": {
+            "selector": {"matchLabels": {DEPLOYMENT_LABEL: "pool"}},
+            "targetPorts": [{"number": rank0.addr.port()}, {"number": rank1.addr.port()}],
+            "endpointPickerRef": {"name": "pool-epp", "port": {"number": 9002}},
+        },
+    }))
+    .unwrap();
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+
+    let kubeconfig = infera_testkit::kubeconfig().await.unwrap();
+    let gw = start_gw_args(&[
+        "--discovery-backend",
+        "kubernetes",
+        "--k8s-namespace",
+        &ns,
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--epp-pool-name",
+        "pool",
+        "--router-policy",
+        "kv-aware",
+        "--kv-overlap-weight",
+        "2",
+        "--epp-port",
+        "0",
+        "--epp-health-port",
+        "0",
+        "--epp-secure-serving",
+        "false",
+    ])
+    .await;
+    let http = reqwest::Client::new();
+    let (r0, r1) = (rank0.addr.to_string(), rank1.addr.to_string());
+    let workers = wait_listed(
+        &http,
+        &gw,
+        Duration::from_secs(10),
+        "the pool's three endpoints are not listed",
+        |w| w.get(&r0).is_some() && w.get(&r1).is_some() && w.get(&record.worker_id).is_some(),
+    )
+    .await;
+    assert_eq!(workers[&r0]["model_name"], "*", "{workers:#}");
+
+    // The HTTP API: the stock engine's model goes to its ranks, the other to its record.
+    let before = (served(&rank0) + served(&rank1), served(&other));
+    complete(&http, &gw, 4).await;
+    let r = post_json(
+        &http,
+        &gw,
+        "/v1/completions",
+        &json!({"model": "other-model", "prompt": "x", "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        (served(&rank0) + served(&rank1), served(&other)),
+        (before.0 + 4, before.1 + 1)
+    );
+
+    // The endpoint picker: a shared prefix lands on one rank, every time.
+    let port = gw.epp.unwrap().ext_proc.port();
+    let prefix = "pool: you are a meticulous assistant. ".repeat(12);
+    let ask = |q: &str| {
+        json!({"model": MODEL, "max_tokens": 2, "messages": [
+        {"role": "system", "content": prefix}, {"role": "user", "content": q}]})
+    };
+    let first = set_header(
+        &exchange(port, &ask("first"), None).await,
+        "x-gateway-destination-endpoint",
+    )
+    .unwrap();
+    let first = first.split(',').next().unwrap().to_owned();
+    assert!(first == r0 || first == r1, "{first}");
+    for i in 0..4 {
+        let picked = set_header(
+            &exchange(port, &ask(&format!("q{i}")), None).await,
+            "x-gateway-destination-endpoint",
+        )
+        .unwrap();
+        assert_eq!(
+            picked.split(',').next(),
+            Some(first.as_str()),
+            "follow-up {i}"
+        );
+    }
+    let picked = set_header(
+        &exchange(port, &json!({"model": "other-model", "prompt": "y"}), None).await,
+        "x-gateway-destination-endpoint",
+    )
+    .unwrap();
+    assert_eq!(picked, record.worker_id);
+
+    gw.shutdown().await;
+    drop_namespace(&client, &ns).await;
+}

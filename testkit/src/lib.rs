@@ -11,6 +11,7 @@
 
 pub mod binaries;
 pub mod certs;
+pub mod envoy;
 pub mod etcd;
 pub mod kube_apiserver;
 pub mod legacy_records;

@@ -4,7 +4,7 @@
 //! MixedRouter. Direct mode resolves the worker ids an external picker pinned into a
 //! [`Plan`]; [`crate::route::select`] then chooses within it.
 
-use crate::workers::registry::{Snapshot, Target};
+use crate::workers::registry::{ANY_MODEL, Snapshot, Target};
 use infera_proto::error_class::{ApiError, ErrorClass};
 use infera_proto::worker::DisaggMode;
 use std::borrow::Cow;
@@ -90,7 +90,12 @@ impl RouteError {
 
 /// Where a request for `model` goes; candidates in a stable order.
 pub(crate) fn route<'s>(snapshot: &'s Snapshot, model: &str) -> Result<Route<'s>, RouteError> {
-    let Some(pools) = snapshot.models.get(model) else {
+    // A model no record names goes to the pool's stock engines, when there are some.
+    let pools = snapshot
+        .models
+        .get(model)
+        .or_else(|| snapshot.models.get(ANY_MODEL));
+    let Some(pools) = pools else {
         if snapshot.known_models.contains(model) {
             return Err(RouteError::NoWorkerNow {
                 model: model.to_owned(),

@@ -33,6 +33,10 @@ pub(crate) struct Target {
     pub dp_rank: Option<u32>,
 }
 
+/// The model of workers found on an InferencePool's target ports without a worker
+/// record (a stock engine's Pod): requests for a model no record names go to them.
+pub(crate) const ANY_MODEL: &str = "*";
+
 /// The workers serving one model, by role.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Pools {

@@ -3,6 +3,8 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod ext_proc;
+
 use clap::Parser;
 use etcd_client::PutOptions;
 use infera_gateway::Gateway;

@@ -25,7 +25,7 @@
 //! warning while it lasts.
 
 use crate::metrics::Metrics;
-use crate::workers::registry::Registry;
+use crate::workers::registry::{ANY_MODEL, Registry};
 use futures::StreamExt;
 use infera_proto::discovery::WORKER_INFO_ANNOTATION;
 use infera_proto::worker::WorkerRecord;
@@ -57,6 +57,16 @@ pub(crate) enum KubernetesDiscoveryError {
          service account, or set KUBECONFIG or --kubeconfig"
     )]
     InferConfig(String),
+    /// The InferencePool of --epp-pool-name could not be read or used.
+    #[error("InferencePool {namespace}/{name}: {message}")]
+    Pool {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
 }
 
 /// Builds the API client: from `kubeconfig` when given, otherwise as kubectl would
@@ -78,6 +88,51 @@ pub(crate) async fn build_kube_client(
         .await
         .map_err(|e| read_err(e.to_string()))?;
     Client::try_from(config).map_err(|e| read_err(e.to_string()))
+}
+
+/// An InferencePool's label selector (as `k=v,...`) and target ports, read from the API.
+pub(crate) async fn read_inference_pool(
+    client: Client,
+    namespace: &str,
+    name: &str,
+) -> Result<(String, PoolPorts), KubernetesDiscoveryError> {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let fail = |message: String| KubernetesDiscoveryError::Pool {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        message,
+    };
+    let gvk = GroupVersionKind::gvk("inference.networking.k8s.io", "v1", "InferencePool");
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client, namespace, &ApiResource::from_gvk(&gvk));
+    let pool = api.get(name).await.map_err(|e| {
+        fail(format!(
+            "{e} (is the InferencePool CRD installed, and may this service account get inferencepools?)"
+        ))
+    })?;
+    let spec = &pool.data["spec"];
+    let labels = spec["selector"]["matchLabels"]
+        .as_object()
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| fail("spec.selector.matchLabels is empty".into()))?;
+    let selector = labels
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+        .collect::<Vec<_>>()
+        .join(",");
+    let ports: Vec<u16> = spec["targetPorts"]
+        .as_array()
+        .map(|ps| {
+            ps.iter()
+                .filter_map(|p| p["number"].as_u64())
+                .filter_map(|n| u16::try_from(n).ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    if ports.is_empty() {
+        return Err(fail("spec.targetPorts names no port".into()));
+    }
+    Ok((selector, PoolPorts { ports }))
 }
 
 /// The worker one Pod contributes.
@@ -160,6 +215,45 @@ pub(crate) fn build_pod_worker(pod: &Pod) -> Result<Option<PodWorker>, PodRecord
         return Err(PodRecordError::ForeignUrl(why));
     }
     Ok(Some(PodWorker { record, draining }))
+}
+
+/// An InferencePool's target ports: each is an endpoint of every selected Pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PoolPorts {
+    /// `spec.targetPorts[].number`.
+    pub ports: Vec<u16>,
+}
+
+/// The workers a Ready Pod without an Infera sidecar contributes to a pool: one per
+/// target port at the Pod's IP, for any model, their prefixes approximated from the
+/// picker's own picks (no KV events, no tokenizer of their own).
+pub(crate) fn build_pool_workers(pod: &Pod, pool: &PoolPorts) -> Vec<PodWorker> {
+    let ip = pod.status.as_ref().and_then(|s| s.pod_ip.as_deref());
+    let Some(ip) = ip.filter(|ip| !ip.is_empty()) else {
+        return Vec::new();
+    };
+    let host = if ip.contains(':') {
+        format!("[{ip}]")
+    } else {
+        ip.to_owned()
+    };
+    let draining = pod.metadata.deletion_timestamp.is_some();
+    pool.ports
+        .iter()
+        .filter_map(|port| {
+            let json = serde_json::json!({
+                "worker_id": format!("{host}:{port}"),
+                "url": format!("http://{host}:{port}"),
+                "model_name": ANY_MODEL,
+                "engine": "vllm",
+                "disagg_mode": "mixed",
+                "pod": pod.name_any(),
+            });
+            WorkerRecord::from_json(json.to_string().as_bytes())
+                .ok()
+                .map(|record| PodWorker { record, draining })
+        })
+        .collect()
 }
 
 /// Why `url` does not point at `pod`, if it does not: whoever can write one Pod's
@@ -255,10 +349,10 @@ pub(crate) struct IndexUpdate {
 /// The Pods seen and what each contributes, plus what the registry was last told.
 #[derive(Debug, Default)]
 pub(crate) struct PodIndex {
-    /// Pods by name; `None` for a Pod that contributes no worker.
-    pods: BTreeMap<String, Option<PodWorker>>,
+    /// Pods by name, with the workers each contributes (none, one, or one per pool port).
+    pods: BTreeMap<String, Vec<PodWorker>>,
     /// Pods gathered by a list in progress (between `Init` and `InitDone`).
-    listing: Option<BTreeMap<String, Option<PodWorker>>>,
+    listing: Option<BTreeMap<String, Vec<PodWorker>>>,
     /// The last reason each Pod was warned about.
     warned: BTreeMap<String, PodRecordError>,
     /// Worker ids currently warned as announced by several Pods.
@@ -267,9 +361,19 @@ pub(crate) struct PodIndex {
     applied: BTreeMap<String, PodWorker>,
     /// Whether a full list has completed.
     listed_once: bool,
+    /// Pods without an Infera sidecar are routed on these ports (an InferencePool's).
+    pool: Option<PoolPorts>,
 }
 
 impl PodIndex {
+    /// An index that routes Pods without a worker record on `pool`'s ports.
+    pub(crate) fn with_pool(pool: Option<PoolPorts>) -> Self {
+        Self {
+            pool,
+            ..Self::default()
+        }
+    }
+
     /// Whether a full list has completed.
     pub(crate) fn is_synced(&self) -> bool {
         self.listed_once
@@ -328,29 +432,36 @@ impl PodIndex {
         }
     }
 
-    fn observe(
-        &mut self,
-        pod: &Pod,
-        warnings: &mut Vec<PodWarning>,
-    ) -> (String, Option<PodWorker>) {
+    fn observe(&mut self, pod: &Pod, warnings: &mut Vec<PodWarning>) -> (String, Vec<PodWorker>) {
         let name = pod.name_any();
-        let entry = match build_pod_worker(pod) {
-            Ok(Some(worker)) => {
+        let found = match build_pod_worker(pod) {
+            Err(PodRecordError::MissingAnnotation) => match &self.pool {
+                Some(pool) => Ok(build_pool_workers(pod, pool)),
+                None => Err(PodRecordError::MissingAnnotation),
+            },
+            other => other.map(|w| w.into_iter().collect()),
+        };
+        let entry = match found {
+            Ok(workers) if !workers.is_empty() => {
                 self.warned.remove(&name);
-                Some(worker)
+                workers
             }
             // A terminating Pod whose sidecar removed the annotation to drain: its engine
             // still runs and finishes what it holds, so the worker stays listed.
-            Ok(None) if pod.metadata.deletion_timestamp.is_some() && is_running(pod) => self
+            Ok(_) if pod.metadata.deletion_timestamp.is_some() && is_running(pod) => self
                 .pods
                 .get(&name)
-                .and_then(Option::as_ref)
-                .map(|last| PodWorker {
-                    record: last.record.clone(),
-                    draining: true,
-                }),
+                .map(|last| {
+                    last.iter()
+                        .map(|w| PodWorker {
+                            record: w.record.clone(),
+                            draining: true,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
             // Not running or not ready: nothing to say (a warning given stays given).
-            Ok(None) => None,
+            Ok(_) => Vec::new(),
             Err(reason) => {
                 if self.warned.get(&name) != Some(&reason) {
                     self.warned.insert(name.clone(), reason.clone());
@@ -359,7 +470,7 @@ impl PodIndex {
                         reason,
                     });
                 }
-                None
+                Vec::new()
             }
         };
         (name, entry)
@@ -369,7 +480,11 @@ impl PodIndex {
     fn build_view(&mut self, warnings: &mut Vec<PodWarning>) -> BTreeMap<String, PodWorker> {
         let mut view: BTreeMap<String, (&str, &PodWorker)> = BTreeMap::new();
         let mut claims: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-        for (pod, worker) in self.pods.iter().filter_map(|(p, w)| Some((p, w.as_ref()?))) {
+        for (pod, worker) in self
+            .pods
+            .iter()
+            .flat_map(|(p, ws)| ws.iter().map(move |w| (p, w)))
+        {
             let id = worker.record.worker_id.as_str();
             claims.entry(id).or_default().push(pod);
             // Pods come in name order: the first stays unless a serving Pod follows a
@@ -480,6 +595,7 @@ pub(crate) async fn run_kubernetes_discovery(
     client: Client,
     namespace: String,
     label_selector: String,
+    pool: Option<PoolPorts>,
     registry: Arc<Registry>,
     metrics: Arc<Metrics>,
     mut stop: watch::Receiver<bool>,
@@ -489,7 +605,7 @@ pub(crate) async fn run_kubernetes_discovery(
     // The watcher retries every failure itself (re-listing after a 410 Gone); the
     // backoff keeps a persistent one (RBAC, an unreachable server) from spinning.
     let mut events = std::pin::pin!(watcher::watcher(api, config).default_backoff());
-    let mut index = PodIndex::default();
+    let mut index = PodIndex::with_pool(pool);
     tracing::info!("kubernetes discovery: watching pods in {namespace} matching {label_selector}");
     loop {
         let event = tokio::select! {
