@@ -7,7 +7,8 @@
 # The control plane (always): kube-apiserver, etcd, nats-server, helm, kubectl, and an
 # OpenTelemetry Collector with only an OTLP receiver and a file exporter (testenv/otelcol)
 # that the gateway's OTLP trace export is tested against, and Prometheus' promtool
-# (testenv/promtool), which tests the chart's alerting rules. With
+# (testenv/promtool), which tests the chart's alerting rules, and GAIE's reference
+# endpoint picker lwepp (testenv/lwepp), the control of the picker's Envoy tests. With
 # --node, also the one-node cluster of scripts/cluster: kube-controller-manager, kube-scheduler, kubelet and
 # kube-proxy (the kube-apiserver's module and version), CoreDNS (testenv/coredns), the
 # sandbox's pause process (testenv/pause), a device plugin for fake AMD GPUs and RDMA
@@ -30,6 +31,7 @@ LWS_VERSION=v0.7.0      # sigs.k8s.io/lws (testenv/lws/go.mod; testenv/lws.sh in
 COREDNS_VERSION=v1.14.1  # testenv/coredns/go.mod pins it (client-go 0.34: one minor of skew)
 OTELCOL_VERSION=v0.161.0 # testenv/otelcol/go.mod pins it (core v0.161.0, v1.67.0; contrib v0.161.0)
 PROMETHEUS_VERSION=v0.316.0 # testenv/promtool/go.mod pins it (promtool, for the chart's alerting rules)
+GAIE_VERSION=v1.6.0      # testenv/lwepp/go.mod pins it (GAIE's reference endpoint picker)
 
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${INFERA_TESTENV_CACHE:-$HOME/.cache/infera-testenv}
@@ -92,8 +94,10 @@ kubectl=$(build kubectl "$KUBE_VERSION" kubectl \
 otelcol=$(CGO_ENABLED=0 build otelcol "$OTELCOL_VERSION-$(src_key otelcol)" otelcol)
 promtool=$(CGO_ENABLED=0 build promtool "$PROMETHEUS_VERSION-$(src_key promtool)" promtool "" \
     github.com/prometheus/prometheus/cmd/promtool)
+lwepp=$(CGO_ENABLED=0 build lwepp "$GAIE_VERSION-$(src_key lwepp)" lwepp "" \
+    sigs.k8s.io/gateway-api-inference-extension/cmd/lwepp)
 pairs=("KUBE_APISERVER=$apiserver" "ETCD=$etcd" "NATS_SERVER=$nats" "HELM=$helm" "KUBECTL=$kubectl"
-    "OTELCOL=$otelcol" "PROMTOOL=$promtool")
+    "OTELCOL=$otelcol" "PROMTOOL=$promtool" "LWEPP=$lwepp")
 if [ "$with_node" = 1 ]; then
     # The node and its controllers, from the kube-apiserver's module (same dependency graph).
     for name in kube-controller-manager kube-scheduler kubelet kube-proxy; do

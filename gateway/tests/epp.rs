@@ -43,7 +43,7 @@ fn bootstrap(
     epp_ports: &[u16],
     tls: bool,
     workers: &[&RunningWorker],
-    ports: (u16, u16),
+    ports: (u16, u16, u16),
 ) -> String {
     let epp_tls = if tls {
         "    transport_socket:\n      name: envoy.transport_sockets.tls\n      typed_config:\n        \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext\n        common_tls_context: { alpn_protocols: [\"h2\"], validation_context: {} }"
@@ -54,6 +54,7 @@ fn bootstrap(
         .replace("{duplex_port}", &ports.0.to_string())
         .replace("{buffered_port}", &ports.1.to_string())
         .replace("{plain_port}", &free_port().unwrap().to_string())
+        .replace("{streamed_port}", &ports.2.to_string())
         .replace("{epp_endpoints}", &endpoints(epp_ports.iter().copied()))
         .replace("{epp_tls}", epp_tls)
         .replace(
@@ -92,6 +93,7 @@ struct Front {
     envoy: Envoy,
     duplex: String,
     buffered: String,
+    streamed: String,
 }
 
 async fn envoy_for(gw: &RunningGateway, tls: bool, workers: &[&RunningWorker]) -> Front {
@@ -101,7 +103,11 @@ async fn envoy_for(gw: &RunningGateway, tls: bool, workers: &[&RunningWorker]) -
 
 /// Envoy in front of the pickers on `epp_ports`.
 async fn envoy_for_ports(epp_ports: &[u16], tls: bool, workers: &[&RunningWorker]) -> Front {
-    let ports = (free_port().unwrap(), free_port().unwrap());
+    let ports = (
+        free_port().unwrap(),
+        free_port().unwrap(),
+        free_port().unwrap(),
+    );
     let envoy = Envoy::start(&bootstrap(epp_ports, tls, workers, ports))
         .await
         .unwrap();
@@ -118,6 +124,7 @@ async fn envoy_for_ports(epp_ports: &[u16], tls: bool, workers: &[&RunningWorker
     Front {
         duplex: format!("http://127.0.0.1:{}", ports.0),
         buffered: format!("http://127.0.0.1:{}", ports.1),
+        streamed: format!("http://127.0.0.1:{}", ports.2),
         envoy,
     }
 }
@@ -448,9 +455,9 @@ async fn two_pickers_serve_one_pool_and_stopping_one_under_load_fails_no_request
         start_sim(EngineKind::Vllm, 20.0).await,
         start_sim(EngineKind::Vllm, 20.0).await,
     );
-    // Stopping (SIGTERM, as Kubernetes stops a pod): not ready for 2 s, so Envoy's health
+    // Stopping (SIGTERM, as Kubernetes stops a pod): not ready for 4 s, so Envoy's health
     // checks move new requests to the other picker, then the open exchanges finish.
-    let flags = ["--shutdown-delay-s", "2"];
+    let flags = ["--shutdown-delay-s", "4"];
     let first = PickerProcess::start(&[&a, &b], &flags).await;
     let second = PickerProcess::start(&[&a, &b], &flags).await;
     let front = envoy_for_ports(&[first.epp_port, second.epp_port], true, &[&a, &b]).await;
@@ -724,4 +731,181 @@ async fn health_is_served_on_both_ports_and_ready_once_discovery_synced() {
             }
         }
     }
+}
+
+/// GAIE's reference picker (`cmd/lwepp` v1.6.0, round robin over the InferencePool's
+/// Pods) on its own: it reads its pool and Pods from the test kube-apiserver.
+struct Lwepp {
+    _process: ServerProcess,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Lwepp {
+    async fn start(ns: &str, pool: &str) -> Lwepp {
+        let binary =
+            infera_testkit::binaries::locate(infera_testkit::binaries::Binary::Lwepp).unwrap();
+        let kubeconfig = infera_testkit::kubeconfig().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (port, health, metrics) = (
+            free_port().unwrap(),
+            free_port().unwrap(),
+            free_port().unwrap(),
+        );
+        let args: Vec<String> = [
+            "--pool-name",
+            pool,
+            "--pool-namespace",
+            ns,
+            "--grpc-port",
+            &port.to_string(),
+            "--grpc-health-port",
+            &health.to_string(),
+            "--metrics-port",
+            &metrics.to_string(),
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--zap-log-level",
+            "error",
+            // Its gRPC health service on the ext_proc port, which Envoy's health check asks.
+            "--health-checking",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let process = ServerProcess::start(&binary, &args, &dir.path().join("lwepp.log")).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ready = async {
+                let channel =
+                    tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{health}"))
+                        .ok()?
+                        .connect()
+                        .await
+                        .ok()?;
+                let status = HealthClient::new(channel)
+                    .check(HealthCheckRequest {
+                        service: "inference-extension".into(),
+                    })
+                    .await
+                    .ok()?;
+                (status.into_inner().status == ServingStatus::Serving as i32).then_some(())
+            };
+            if ready.await.is_some() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "lwepp never got ready:\n{}",
+                process.log_tail(20)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Lwepp {
+            _process: process,
+            port,
+            _dir: dir,
+        }
+    }
+}
+
+/// The control: the same Envoy bootstrap with GAIE's own reference picker in place of
+/// Infera's, so the configuration is GAIE's and not tuned to Infera's picker. lwepp
+/// routes on the `streamed` listener from an HTTP/2 client and fails on the full-duplex
+/// one (it acknowledges body chunks with empty replies, which Envoy refuses in
+/// full-duplex mode); Infera's picker serves both.
+#[tokio::test]
+async fn gaies_reference_picker_routes_through_the_same_envoy() {
+    use common::k8s::{
+        create_namespace, create_pool, create_stock_pod, drop_namespace, install_inference_pool_crd,
+    };
+    use k8s_openapi::api::core::v1::Pod;
+    let client = infera_testkit::kube_client().await.unwrap();
+    if !install_inference_pool_crd(&client).await {
+        return;
+    }
+    let ns = create_namespace(&client).await;
+    let (a, b) = (
+        start_sim(EngineKind::Vllm, 50.0).await,
+        start_sim(EngineKind::Vllm, 50.0).await,
+    );
+    let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), &ns);
+    create_stock_pod(&pods, "stock-0", "pool").await;
+    create_pool(
+        &client,
+        &ns,
+        "pool",
+        "pool",
+        &[a.addr.port(), b.addr.port()],
+    )
+    .await;
+    let lwepp = Lwepp::start(&ns, "pool").await;
+    let front = envoy_for_ports(&[lwepp.port], true, &[&a, &b]).await;
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    // lwepp answers every body chunk, the response's too, with an empty reply, which
+    // Envoy refuses in full-duplex mode: GAIE's own picker fails on GAIE's own
+    // full-duplex listener, and serves the streamed one.
+    let get = |url: String| {
+        let h2 = h2.clone();
+        async move { h2.get(url).send().await.unwrap().status() }
+    };
+    assert_eq!(
+        get(format!("{}/v1/models", front.duplex)).await,
+        500,
+        "lwepp, full duplex"
+    );
+    assert!(
+        front
+            .envoy
+            .stat("http.duplex.ext_proc.spurious_msgs_received")
+            .await
+            >= 1
+    );
+    assert_eq!(
+        get(format!("{}/v1/models", front.streamed)).await,
+        200,
+        "lwepp, a GET"
+    );
+    let before = (served(&a), served(&b));
+    for i in 0..6 {
+        let r = post(
+            &h2,
+            &format!("{}/v1/chat/completions", front.streamed),
+            &chat(&format!("lwepp {i}"), 2),
+        )
+        .await;
+        assert_eq!(
+            r.status(),
+            200,
+            "lwepp, streamed listener, request {i}: {:?}",
+            r.text().await
+        );
+    }
+    // Round robin over the pool's two endpoints.
+    assert_eq!((served(&a) - before.0, served(&b) - before.1), (3, 3));
+    drop(front);
+    drop(lwepp);
+
+    // Infera's picker on the same listeners.
+    let gw = picker(&[&a, &b], &[]).await;
+    let front = envoy_for(&gw, true, &[&a, &b]).await;
+    let models = h2
+        .get(format!("{}/v1/models", front.duplex))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(models.status(), 200);
+    for url in [&front.streamed, &front.duplex] {
+        let r = post(
+            &h2,
+            &format!("{url}/v1/chat/completions"),
+            &chat("infera", 2),
+        )
+        .await;
+        assert_eq!(r.status(), 200, "{url}");
+    }
+    drop_namespace(&client, &ns).await;
 }

@@ -10,66 +10,14 @@
 
 mod common;
 
+use common::k8s::*;
 use common::*;
 use infera_proto::discovery::{DEPLOYMENT_LABEL, WORKER_INFO_ANNOTATION};
 use infera_proto::worker::EngineKind;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
-
-/// A fresh namespace; deleted by [`drop_namespace`].
-async fn create_namespace(client: &kube::Client) -> String {
-    let name = infera_testkit::unique_name("gw-k8s");
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap();
-    name
-}
-
-/// Removes every Pod's finalizers, deletes the Pods, then the namespace (which stays
-/// `Terminating`: no namespace controller runs here).
-async fn drop_namespace(client: &kube::Client, ns: &str) {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    for pod in pods.list(&Default::default()).await.unwrap() {
-        let name = pod.metadata.name.unwrap();
-        let patch = json!({"metadata": {"finalizers": null}});
-        let _ = pods
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await;
-        let _ = pods.delete(&name, &DeleteParams::default()).await;
-    }
-    Api::<Namespace>::all(client.clone())
-        .delete(ns, &DeleteParams::default())
-        .await
-        .unwrap();
-}
-
-/// Creates a Pod labelled `deployment` carrying `annotation`, then marks it Running and
-/// Ready as the kubelet would.
-async fn create_serving_pod(pods: &Api<Pod>, name: &str, deployment: &str, annotation: &str) {
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {
-            "name": name,
-            "labels": {DEPLOYMENT_LABEL: deployment},
-            "annotations": {WORKER_INFO_ANNOTATION: annotation},
-        },
-        "spec": {"containers": [{"name": "engine", "image": "fixture.invalid/engine:0"}]},
-    }))
-    .unwrap();
-    pods.create(&PostParams::default(), &pod).await.unwrap();
-    let status = json!({"status": {
-        "phase": "Running",
-        "conditions": [{"type": "Ready", "status": "True"}],
-        "podIP": "127.0.0.1",
-        "podIPs": [{"ip": "127.0.0.1"}],
-    }});
-    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .unwrap();
-}
 
 async fn set_annotation(pods: &Api<Pod>, name: &str, annotation: &str) {
     let patch = json!({"metadata": {"annotations": {WORKER_INFO_ANNOTATION: annotation}}});
@@ -336,32 +284,6 @@ async fn pods_with_a_bad_record_or_other_labels_are_left_out() {
     drop_namespace(&client, &ns).await;
 }
 
-/// Installs GAIE's InferencePool CRD (from `testenv/crds.sh`) in the test apiserver;
-/// `false` when the test environment has not fetched it.
-async fn install_inference_pool_crd(client: &kube::Client) -> bool {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let Some(dir) = std::env::var_os("INFERA_TESTENV_CRDS_GAIE") else {
-        eprintln!("skipped: INFERA_TESTENV_CRDS_GAIE is unset (scripts/test runs testenv/crds.sh)");
-        return false;
-    };
-    let path = std::path::Path::new(&dir).join("inference.networking.k8s.io_inferencepools.yaml");
-    let crd: CustomResourceDefinition =
-        serde_saphyr::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    match crds.create(&PostParams::default(), &crd).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(status)) if status.code == 409 => {}
-        Err(e) => panic!("creating the InferencePool CRD: {e}"),
-    }
-    infera_testkit::kube_apiserver::wait_established(
-        client,
-        "inferencepools.inference.networking.k8s.io",
-    )
-    .await
-    .unwrap();
-    true
-}
-
 /// An InferencePool's Pods as GAIE selects them: a stock engine's Pod (no sidecar, no
 /// record) is routed on every target port, for any model no record names; a Pod with
 /// a sidecar brings its record as always; both fronts (the HTTP API and the endpoint
@@ -369,7 +291,6 @@ async fn install_inference_pool_crd(client: &kube::Client) -> bool {
 #[tokio::test]
 async fn an_inference_pools_stock_pods_are_routed_on_its_target_ports() {
     use common::ext_proc::{exchange, set_header};
-    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
     let client = infera_testkit::kube_client().await.unwrap();
     if !install_inference_pool_crd(&client).await {
         return;
@@ -383,29 +304,18 @@ async fn an_inference_pools_stock_pods_are_routed_on_its_target_ports() {
         start_sim(EngineKind::Vllm, 50.0).await,
         start_sim_with(EngineKind::Vllm, 50.0, |c| c.model = "other-model".into()).await,
     );
-    create_serving_pod(&pods, "stock-0", "pool", "").await;
-    let patch = json!({"metadata": {"annotations": {WORKER_INFO_ANNOTATION: null}}});
-    pods.patch("stock-0", &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap();
+    create_stock_pod(&pods, "stock-0", "pool").await;
     let mut record = record_for(other.addr, EngineKind::Vllm);
     record.model_name = "other-model".into();
     create_serving_pod(&pods, "sidecar-0", "pool", &record.to_json()).await;
-    let gvk = GroupVersionKind::gvk("inference.networking.k8s.io", "v1", "InferencePool");
-    let pools: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), &ns, &ApiResource::from_gvk(&gvk));
-    let pool: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "inference.networking.k8s.io/v1",
-        "kind": "InferencePool",
-        "metadata": {"name": "pool"},
-        "spec": {
-            "selector": {"matchLabels": {DEPLOYMENT_LABEL: "pool"}},
-            "targetPorts": [{"number": rank0.addr.port()}, {"number": rank1.addr.port()}],
-            "endpointPickerRef": {"name": "pool-epp", "port": {"number": 9002}},
-        },
-    }))
-    .unwrap();
-    pools.create(&PostParams::default(), &pool).await.unwrap();
+    create_pool(
+        &client,
+        &ns,
+        "pool",
+        "pool",
+        &[rank0.addr.port(), rank1.addr.port()],
+    )
+    .await;
 
     let kubeconfig = infera_testkit::kubeconfig().await.unwrap();
     let gw = start_gw_args(&[

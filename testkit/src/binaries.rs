@@ -26,6 +26,9 @@ pub enum Binary {
     Otelcol,
     /// Prometheus' promtool (testenv/promtool), for the chart's alerting rules.
     Promtool,
+    /// GAIE's reference endpoint picker (testenv/lwepp), the control of the picker's
+    /// Envoy tests.
+    Lwepp,
 }
 
 impl Binary {
@@ -39,6 +42,7 @@ impl Binary {
             Self::Kubectl => "KUBECTL",
             Self::Otelcol => "OTELCOL",
             Self::Promtool => "PROMTOOL",
+            Self::Lwepp => "LWEPP",
         }
     }
 
@@ -51,6 +55,7 @@ impl Binary {
             Self::Kubectl => "kubectl",
             Self::Otelcol => "otelcol",
             Self::Promtool => "promtool",
+            Self::Lwepp => "lwepp",
         }
     }
 }

@@ -53,12 +53,27 @@ impl External {
     pub async fn start(template: &str, workers: &[String], model: &str) -> Result<External> {
         let port = crate::up::local::free_port()?;
         let argv = build_argv(template, port, crate::up::local::free_port()?, workers);
-        let log_path =
-            std::env::temp_dir().join(format!("infera-bench-router-{}.log", std::process::id()));
+        Self::spawn(
+            &argv,
+            &format!("http://127.0.0.1:{port}"),
+            model,
+            "external router",
+        )
+        .await
+    }
+
+    /// Runs `argv` and waits (up to a minute) until a completion for `model` succeeds
+    /// at `base`; `what` names it in errors.
+    pub async fn spawn(argv: &[String], base: &str, model: &str, what: &str) -> Result<External> {
+        let log_path = std::env::temp_dir().join(format!(
+            "infera-bench-{}-{}.log",
+            what.replace(' ', "-"),
+            std::process::id()
+        ));
         let log = std::fs::File::create(&log_path)
             .with_context(|| format!("creating {}", log_path.display()))?;
         let Some((program, args)) = argv.split_first() else {
-            bail!("--router-cmd is empty");
+            bail!("the {what}'s command is empty");
         };
         let child = tokio::process::Command::new(program)
             .args(args)
@@ -67,10 +82,10 @@ impl External {
             .stderr(log)
             .kill_on_drop(true)
             .spawn()
-            .with_context(|| format!("starting the external router {program}"))?;
+            .with_context(|| format!("starting the {what} {program}"))?;
         let mut ext = External {
             child,
-            base: format!("http://127.0.0.1:{port}"),
+            base: base.to_owned(),
         };
         let client = reqwest::Client::new();
         let body = serde_json::json!({"model": model, "prompt": "ready?", "max_tokens": 1});
@@ -78,7 +93,7 @@ impl External {
         loop {
             if let Some(status) = ext.child.try_wait()? {
                 bail!(
-                    "the external router exited at start: {status} (its output: {})",
+                    "the {what} exited at start: {status} (its output: {})",
                     log_path.display()
                 );
             }
@@ -92,7 +107,10 @@ impl External {
                 return Ok(ext);
             }
             if Instant::now() > deadline {
-                bail!("the external router did not serve a completion within a minute");
+                bail!(
+                    "the {what} did not serve a completion within a minute (its output: {})",
+                    log_path.display()
+                );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }

@@ -5,11 +5,13 @@
 
 pub mod cpu;
 pub mod driver;
+pub mod envoy;
 pub mod external;
 pub mod fleet;
 pub mod ladder;
 pub mod report;
 pub mod s1;
+pub mod s12;
 pub mod s2;
 pub mod s3;
 pub mod s4;
@@ -54,6 +56,9 @@ pub enum Scenario {
     /// The NATS request plane against HTTP, and the stall at a mid-stream migration
     /// (needs --nats of a nats-server with JetStream).
     S9,
+    /// Behind a GAIE gateway: a real Envoy asking Infera's endpoint picker (ext_proc),
+    /// the hop it adds and routing through it against the gateway alone.
+    S12,
 }
 
 /// `infera bench` flags.
@@ -153,6 +158,7 @@ fn scenario_file(s: Scenario) -> &'static str {
         Scenario::S7 => include_str!("../../../bench/scenarios/s7.yaml"),
         Scenario::S8 => include_str!("../../../bench/scenarios/s8.yaml"),
         Scenario::S9 => include_str!("../../../bench/scenarios/s9.yaml"),
+        Scenario::S12 => include_str!("../../../bench/scenarios/s12.yaml"),
     }
 }
 
@@ -395,6 +401,48 @@ fn rows(id: &str, result: &Value) -> (Vec<&'static str>, Vec<Vec<String>>) {
                 })
                 .collect(),
         ),
+        "s12" => (
+            vec![
+                "part",
+                "policy / stream",
+                "rate",
+                "hop added p50 µs",
+                "hop added p99 µs",
+                "envoy p50 ms",
+                "picker p50 ms",
+                "hit/oracle",
+                "TTFT p90 s",
+                "goodput req/s",
+                "errors",
+            ],
+            runs.iter()
+                .map(|r| {
+                    let dash = |v: &Value| if v.is_null() { "-".into() } else { num(v) };
+                    let hop = r["part"] == "hop";
+                    vec![
+                        r["part"].as_str().unwrap_or("").to_owned(),
+                        if hop {
+                            if r["stream"] == true {
+                                "stream".into()
+                            } else {
+                                "unary".into()
+                            }
+                        } else {
+                            r["policy"].as_str().unwrap_or("").to_owned()
+                        },
+                        num(&r["rate"]),
+                        dash(&r["hop_added_p50_us"]),
+                        dash(&r["hop_added_p99_us"]),
+                        dash(&r["routers"]["envoy"]["p50_ms"]),
+                        dash(&r["routers"]["envoy+picker"]["p50_ms"]),
+                        dash(&r["hit_vs_oracle"]),
+                        dash(&r["ttft_s"]["p90"]),
+                        dash(&r["goodput_req_s"]),
+                        r["errors"].to_string(),
+                    ]
+                })
+                .collect(),
+        ),
         "s9" => (
             vec![
                 "part",
@@ -606,7 +654,10 @@ fn plot(id: &str, title: &str, result: &Value) -> String {
         "s8" => ("policy", |r| r["ttft_s"]["p90"].as_f64().unwrap_or(0.0)),
         _ => ("policy", |r| r["ttft_s"]["p50"].as_f64().unwrap_or(0.0)),
     };
-    for r in runs.iter().filter(|r| r["part"] != "migration") {
+    for r in runs
+        .iter()
+        .filter(|r| r["part"] != "migration" && r["part"] != "hop")
+    {
         let name = match id {
             "s9" => format!(
                 "{} {}",
@@ -737,6 +788,10 @@ pub async fn run(args: BenchArgs) -> Result<()> {
                 &workloads,
             )
             .await?
+        }
+        Scenario::S12 => {
+            let size = serde_json::from_value(size.clone())?;
+            s12::run(&ctx, &size, &file.profile, &args.rates).await?
         }
         Scenario::S3 => {
             let size = serde_json::from_value(size.clone())?;

@@ -3,6 +3,7 @@
 //! (`--pin-router`) with the driver and the simulators on the others.
 
 use super::cpu::threads_cpu;
+use super::envoy::Envoy;
 use super::external::External;
 use super::fleet::{Fleet, MODEL};
 use anyhow::{Result, bail};
@@ -10,6 +11,9 @@ use std::time::Duration;
 
 /// Policy names of peer routers: `external:<name>`.
 pub const EXTERNAL: &str = "external:";
+
+/// Policy names of Infera's endpoint picker behind Envoy: `envoy:<policy>`.
+pub const BEHIND_ENVOY: &str = "envoy:";
 
 /// A peer router given with `--router-cmd [NAME=]COMMAND`.
 #[derive(Debug, Clone, PartialEq)]
@@ -124,6 +128,7 @@ fn set_affinity(tid: i32, cores: &[usize]) {
 #[derive(Debug)]
 pub struct UnderTest {
     external: Option<External>,
+    envoy: Option<Envoy>,
     cpu0: Duration,
     /// URLs to send `path` to.
     pub urls: Vec<String>,
@@ -142,9 +147,25 @@ impl UnderTest {
         if let Some(p) = pin {
             p.pin_threads();
         }
+        if policy.starts_with(BEHIND_ENVOY) {
+            let Some(epp) = fleet.gateways.first().and_then(|g| g.epp) else {
+                bail!("{policy}: the fleet's gateway serves no endpoint picker");
+            };
+            let sims: Vec<_> = fleet.sims.iter().map(|s| s.addr).collect();
+            let envoy = Envoy::start(epp.ext_proc, &sims).await?;
+            let mut under = UnderTest {
+                external: None,
+                urls: vec![format!("{}{path}", envoy.picked)],
+                envoy: Some(envoy),
+                cpu0: Duration::ZERO,
+            };
+            under.cpu0 = under.cpu_now();
+            return Ok(under);
+        }
         let Some(name) = policy.strip_prefix(EXTERNAL) else {
             return Ok(UnderTest {
                 external: None,
+                envoy: None,
                 cpu0: threads_cpu("infera-gw"),
                 urls: fleet.gateway_urls(path),
             });
@@ -161,23 +182,34 @@ impl UnderTest {
             cpu0: external.cpu(),
             urls: vec![format!("{}{path}", external.base)],
             external: Some(external),
+            envoy: None,
         })
+    }
+
+    /// CPU time of the router so far: a peer's process, or the gateway's threads (and
+    /// the Envoy in front of its picker).
+    fn cpu_now(&self) -> Duration {
+        match (&self.external, &self.envoy) {
+            (Some(e), _) => e.cpu(),
+            (None, Some(envoy)) => threads_cpu("infera-gw") + envoy.cpu(),
+            (None, None) => threads_cpu("infera-gw"),
+        }
     }
 
     /// CPU seconds the router used since [`Self::start`] (or the last call).
     pub fn take_cpu(&mut self) -> f64 {
-        let now = match &self.external {
-            Some(e) => e.cpu(),
-            None => threads_cpu("infera-gw"),
-        };
+        let now = self.cpu_now();
         let used = now.saturating_sub(self.cpu0);
         self.cpu0 = now;
         used.as_secs_f64()
     }
 
-    /// Stops a peer router.
+    /// Stops a peer router, or the Envoy in front of the picker.
     pub async fn stop(self) {
         if let Some(e) = self.external {
+            e.stop().await;
+        }
+        if let Some(e) = self.envoy {
             e.stop().await;
         }
     }
@@ -188,6 +220,11 @@ impl UnderTest {
 pub fn fleet_setup(policy: &str) -> Result<(Vec<String>, usize, bool)> {
     if policy.starts_with(EXTERNAL) {
         return Ok((Vec::new(), 0, false));
+    }
+    if let Some(inner) = policy.strip_prefix(BEHIND_ENVOY) {
+        let (mut flags, _, events) = super::policy_flags(inner)?;
+        flags.extend(["--epp-port", "0", "--epp-health-port", "0"].map(String::from));
+        return Ok((flags, 1, events));
     }
     super::policy_flags(policy)
 }

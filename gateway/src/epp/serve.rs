@@ -221,6 +221,19 @@ async fn report_health(
     }
 }
 
+/// The connections of `listener` with Nagle's algorithm off: each reply is a small
+/// frame Envoy waits for, and a delayed ACK would hold it back 40 ms.
+fn no_delay(
+    listener: TcpListener,
+) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use futures::StreamExt;
+    TcpListenerStream::new(listener).map(|accepted| {
+        accepted.inspect(|s| {
+            let _ = s.set_nodelay(true);
+        })
+    })
+}
+
 async fn bind(what: &'static str, host: &str, port: u16) -> Result<TcpListener, EppError> {
     let addr = format!("{host}:{port}");
     TcpListener::bind(&addr)
@@ -278,7 +291,7 @@ pub(crate) async fn start_epp(
             let _ = stopping.wait_for(|s| *s).await;
         };
         if let Err(e) = router
-            .serve_with_incoming_shutdown(TcpListenerStream::new(ext_proc), stopped)
+            .serve_with_incoming_shutdown(no_delay(ext_proc), stopped)
             .await
         {
             tracing::error!("endpoint picker: {e}");
@@ -291,7 +304,7 @@ pub(crate) async fn start_epp(
         };
         if let Err(e) = Server::builder()
             .add_service(health_service)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(health), stopped)
+            .serve_with_incoming_shutdown(no_delay(health), stopped)
             .await
         {
             tracing::error!("endpoint picker health: {e}");

@@ -4,6 +4,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod ext_proc;
+pub mod k8s;
 
 use clap::Parser;
 use etcd_client::PutOptions;

@@ -224,6 +224,10 @@ pub(crate) struct PoolPorts {
     pub ports: Vec<u16>,
 }
 
+/// The block size prompts to a pool's stock engines are hashed at (their prefixes are
+/// approximated from the router's own picks, so it need not be the engine's).
+const POOL_BLOCK_TOKENS: u32 = 16;
+
 /// The workers a Ready Pod without an Infera sidecar contributes to a pool: one per
 /// target port at the Pod's IP, for any model, their prefixes approximated from the
 /// picker's own picks (no KV events, no tokenizer of their own).
@@ -247,6 +251,9 @@ pub(crate) fn build_pool_workers(pod: &Pod, pool: &PoolPorts) -> Vec<PodWorker> 
                 "model_name": ANY_MODEL,
                 "engine": "vllm",
                 "disagg_mode": "mixed",
+                // The router's own hashing of prompts (approximate, no KV events): vLLM's
+                // default block size.
+                "kv_block_size": POOL_BLOCK_TOKENS,
                 "pod": pod.name_any(),
             });
             WorkerRecord::from_json(json.to_string().as_bytes())
