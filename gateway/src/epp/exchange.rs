@@ -18,8 +18,9 @@
 //! `x-gateway-destination-endpoint-served`) and the response status are handed out.
 
 use crate::epp::reply::{
-    Pick, Refusal, body_continue, chunks, headers_continue, immediate, response_body_continue,
-    response_headers_continue, routed_body, routed_headers, streamed_chunk, trailers_continue,
+    LB_NAMESPACE, Pick, Refusal, body_continue, chunks, headers_continue, immediate,
+    response_body_continue, response_headers_continue, routed_body, routed_headers, streamed_chunk,
+    trailers_continue,
 };
 use envoy_types::pb::envoy::config::core::v3::{HeaderMap, Metadata};
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
@@ -31,8 +32,6 @@ use envoy_types::pb::google::protobuf::value::Kind;
 pub(crate) const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
 /// The subset hint's key: the endpoints the pick must come from.
 pub(crate) const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
-/// The namespace of the pick and of the served endpoint.
-pub(crate) const LB_NAMESPACE: &str = "envoy.lb";
 /// The endpoint that served, as Envoy's `override_host` reports it.
 pub(crate) const SERVED_KEY: &str = "x-gateway-destination-endpoint-served";
 

@@ -3,7 +3,6 @@
 //! headers for frontends in direct mode, the body handed back in streamed chunks, and
 //! the immediate refusals (503 no endpoint, 429 all full) with OpenAI error JSON.
 
-use crate::epp::exchange::LB_NAMESPACE;
 use crate::route::plan::{PREFILL_PIN_HEADER, WORKER_PIN_HEADER};
 use envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendAction;
 use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
@@ -15,6 +14,9 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
 use infera_proto::error_class::{ApiError, ErrorClass};
+
+/// The metadata namespace of the pick and of the served endpoint.
+pub(crate) const LB_NAMESPACE: &str = "envoy.lb";
 
 /// The header (and `envoy.lb` key) naming the picked endpoints, first choice first.
 pub(crate) const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
