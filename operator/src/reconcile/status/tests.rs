@@ -300,7 +300,7 @@ fn a_rollout_with_its_surge_stays_ready_and_says_where_it_stands() {
     assert_eq!(cond(&s, "Ready").status, "True", "{:?}", s.conditions);
     assert_eq!(
         (s.replicas, s.ready_replicas),
-        (1, 2),
+        (1, 1),
         "surge pods are not units"
     );
     let progressing = cond(&s, "Progressing");
