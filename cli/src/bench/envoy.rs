@@ -40,14 +40,36 @@ pub fn envoy_binary() -> Result<PathBuf> {
     )
 }
 
-/// A running Envoy with its two listeners.
+/// A running Envoy with its listeners.
 #[derive(Debug)]
 pub struct Envoy {
     process: External,
-    /// `http://127.0.0.1:<port>` of the listener that asks the picker.
+    /// `http://127.0.0.1:<port>` of the listener that asks the picker (full duplex).
     pub picked: String,
+    /// `http://127.0.0.1:<port>` of the listener that asks the picker in `STREAMED` mode
+    /// (the one GAIE's reference picker routes bodies on, from HTTP/2 clients).
+    pub streamed: String,
     /// `http://127.0.0.1:<port>` of the listener that balances by itself.
     pub plain: String,
+}
+
+/// The listener Envoy is checked through at its start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ready {
+    /// The full-duplex listener, over HTTP/1.1 (Infera's picker).
+    Picked,
+    /// The streamed listener, over HTTP/2 (GAIE's reference picker).
+    Streamed,
+}
+
+/// An HTTP/2 (prior knowledge) client opening a connection per request.
+pub fn h2_client() -> Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .pool_max_idle_per_host(0)
+        .timeout(std::time::Duration::from_secs(300))
+        .tcp_nodelay(true)
+        .build()?)
 }
 
 fn endpoints(addrs: impl Iterator<Item = u16>) -> String {
@@ -63,17 +85,18 @@ fn endpoints(addrs: impl Iterator<Item = u16>) -> String {
 
 impl Envoy {
     /// Starts Envoy in front of `sims`, asking the picker at `epp` (TLS, as GAIE serves
-    /// it); ready once a completion succeeds through the picker.
-    pub async fn start(epp: SocketAddr, sims: &[SocketAddr]) -> Result<Envoy> {
+    /// it); ready once a completion succeeds through the picker on `ready`'s listener.
+    pub async fn start(epp: SocketAddr, sims: &[SocketAddr], ready: Ready) -> Result<Envoy> {
         let free = crate::up::local::free_port;
         let (admin, picked, buffered, plain) = (free()?, free()?, free()?, free()?);
+        let streamed = free()?;
         let tls = "    transport_socket:\n      name: envoy.transport_sockets.tls\n      typed_config:\n        \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext\n        common_tls_context: { alpn_protocols: [\"h2\"], validation_context: {} }";
         let config = BOOTSTRAP
             .replace("{admin_port}", &admin.to_string())
             .replace("{duplex_port}", &picked.to_string())
             .replace("{buffered_port}", &buffered.to_string())
             .replace("{plain_port}", &plain.to_string())
-            .replace("{streamed_port}", &free()?.to_string())
+            .replace("{streamed_port}", &streamed.to_string())
             .replace("{epp_endpoints}", &endpoints(std::iter::once(epp.port())))
             .replace("{epp_tls}", tls)
             .replace("{endpoints}", &endpoints(sims.iter().map(SocketAddr::port)));
@@ -91,10 +114,19 @@ impl Envoy {
             "error".into(),
         ];
         let picked = format!("http://127.0.0.1:{picked}");
-        let process = External::spawn(&argv, &picked, MODEL, "envoy").await?;
+        let streamed = format!("http://127.0.0.1:{streamed}");
+        let process = match ready {
+            Ready::Picked => {
+                External::spawn(&argv, &picked, MODEL, "envoy", &reqwest::Client::new()).await?
+            }
+            Ready::Streamed => {
+                External::spawn(&argv, &streamed, MODEL, "envoy", &h2_client()?).await?
+            }
+        };
         Ok(Envoy {
             process,
             picked,
+            streamed,
             plain: format!("http://127.0.0.1:{plain}"),
         })
     }

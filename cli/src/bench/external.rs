@@ -58,13 +58,20 @@ impl External {
             &format!("http://127.0.0.1:{port}"),
             model,
             "external router",
+            &reqwest::Client::new(),
         )
         .await
     }
 
     /// Runs `argv` and waits (up to a minute) until a completion for `model` succeeds
-    /// at `base`; `what` names it in errors.
-    pub async fn spawn(argv: &[String], base: &str, model: &str, what: &str) -> Result<External> {
+    /// at `base` through `client`; `what` names it in errors.
+    pub async fn spawn(
+        argv: &[String],
+        base: &str,
+        model: &str,
+        what: &str,
+        client: &reqwest::Client,
+    ) -> Result<External> {
         let log_path = std::env::temp_dir().join(format!(
             "infera-bench-{}-{}.log",
             what.replace(' ', "-"),
@@ -87,7 +94,6 @@ impl External {
             child,
             base: base.to_owned(),
         };
-        let client = reqwest::Client::new();
         let body = serde_json::json!({"model": model, "prompt": "ready?", "max_tokens": 1});
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {

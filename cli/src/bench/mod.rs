@@ -8,6 +8,7 @@ pub mod driver;
 pub mod envoy;
 pub mod external;
 pub mod fleet;
+pub mod gaie;
 pub mod ladder;
 pub mod report;
 pub mod s1;
@@ -103,9 +104,17 @@ pub struct BenchArgs {
     /// NATS server URL (S9's request plane), e.g. a `nats-server -js` of testenv/build.sh.
     #[arg(long, value_name = "URL")]
     pub nats: Option<String>,
-    /// Admin kubeconfig of a kube-apiserver with Infera's CRDs installed (S7).
+    /// Admin kubeconfig of a kube-apiserver: with Infera's CRDs installed (S7); for
+    /// GAIE's reference picker to read its pool from (S12).
     #[arg(long, value_name = "PATH")]
     pub kubeconfig: Option<PathBuf>,
+    /// S12: GAIE's reference picker (`cmd/lwepp`), run beside Infera's picker when
+    /// --kubeconfig names a kube-apiserver for it to read its pool from.
+    #[arg(long, env = "INFERA_TESTENV_LWEPP", value_name = "PATH")]
+    pub lwepp: Option<PathBuf>,
+    /// S12: the folder with GAIE's InferencePool CRD (`testenv/crds.sh`).
+    #[arg(long, env = "INFERA_TESTENV_CRDS_GAIE", value_name = "DIR")]
+    pub gaie_crds: Option<PathBuf>,
     /// The infera-operator binary (S7); default: next to this one.
     #[arg(long, value_name = "PATH")]
     pub operator_bin: Option<PathBuf>,
@@ -791,7 +800,19 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         }
         Scenario::S12 => {
             let size = serde_json::from_value(size.clone())?;
-            s12::run(&ctx, &size, &file.profile, &args.rates).await?
+            let reference = match &args.kubeconfig {
+                Some(kubeconfig) => Some(gaie::Reference {
+                    kubeconfig: kubeconfig.clone(),
+                    lwepp: args.lwepp.clone().context(
+                        "s12 with --kubeconfig runs GAIE's reference picker: pass --lwepp PATH (testenv/build.sh builds it; INFERA_TESTENV_LWEPP)",
+                    )?,
+                    crds: args.gaie_crds.clone().context(
+                        "s12 with --kubeconfig installs GAIE's InferencePool CRD: pass --gaie-crds DIR (testenv/crds.sh fetches it; INFERA_TESTENV_CRDS_GAIE)",
+                    )?,
+                }),
+                None => None,
+            };
+            s12::run(&ctx, &size, &file.profile, &args.rates, reference.as_ref()).await?
         }
         Scenario::S3 => {
             let size = serde_json::from_value(size.clone())?;

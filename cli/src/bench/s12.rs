@@ -7,9 +7,12 @@
 //! TTFT p90, goodput.
 
 use super::Ctx;
+use super::cpu::threads_cpu;
 use super::driver::open_loop;
-use super::envoy::Envoy;
+use super::envoy::{Envoy, Ready, h2_client};
 use super::fleet::{Fleet, MODEL, SimSpec};
+use super::gaie::{Lwepp, Reference};
+use super::ladder::{Step, evictions, row};
 use super::s2;
 use super::stats::quantile;
 use super::under_test::BEHIND_ENVOY;
@@ -17,6 +20,7 @@ use super::workload::{Rng, text};
 use anyhow::{Result, bail};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use std::time::Instant;
 
 /// The hop's sizes (S1's workload).
 #[derive(Debug, Clone, Deserialize)]
@@ -75,7 +79,7 @@ async fn hop(ctx: &Ctx, size: &HopSize, profile: &str, rates: &[f64]) -> Result<
         bail!("the fleet's gateway serves no endpoint picker");
     };
     let addrs: Vec<_> = fleet.sims.iter().map(|s| s.addr).collect();
-    let envoy = Envoy::start(epp.ext_proc, &addrs).await?;
+    let envoy = Envoy::start(epp.ext_proc, &addrs, Ready::Picked).await?;
     let client = super::driver::client()?;
     let mut rng = Rng::new(ctx.seed);
     let prompt = text(&mut rng, size.prompt_bytes);
@@ -127,8 +131,80 @@ async fn hop(ctx: &Ctx, size: &HopSize, profile: &str, rates: &[f64]) -> Result<
     Ok(rows)
 }
 
-/// Runs S12.
-pub async fn run(ctx: &Ctx, size: &Size, profile: &str, rates: &[f64]) -> Result<Value> {
+/// The policy name of GAIE's reference picker behind Envoy.
+const REFERENCE: &str = "envoy:lwepp";
+
+/// S2's workload through Envoy asking GAIE's reference picker (round robin over the
+/// pool), on its `streamed` listener from an HTTP/2 client (the one way it routes a
+/// request with a body), a fresh fleet per rate.
+async fn routing_reference(
+    ctx: &Ctx,
+    size: &s2::Size,
+    profile: &str,
+    reference: &Reference,
+) -> Result<Vec<Value>> {
+    let work = s2::workload(ctx, size, profile);
+    let client = h2_client()?;
+    let mut rows = Vec::new();
+    for &rate in &size.rates {
+        let fleet = Fleet::start(&work.sims, 0, &[]).await?;
+        let ports: Vec<u16> = fleet.sims.iter().map(|s| s.addr.port()).collect();
+        let addrs: Vec<_> = fleet.sims.iter().map(|s| s.addr).collect();
+        let lwepp = Lwepp::start(reference, &ports).await?;
+        let epp = std::net::SocketAddr::from(([127, 0, 0, 1], lwepp.port));
+        let envoy = Envoy::start(epp, &addrs, Ready::Streamed).await?;
+        let urls = vec![format!("{}/v1/completions", envoy.streamed)];
+        let label = format!("s12 {REFERENCE} @ {rate}/s");
+        let (drv0, sim0, cpu0, t0) = (
+            threads_cpu("infera-drv"),
+            threads_cpu("infera-sim"),
+            envoy.cpu(),
+            Instant::now(),
+        );
+        let outcomes = open_loop(
+            &client,
+            &urls,
+            work.bodies.clone(),
+            rate * size.speedup(),
+            ctx.seed,
+            &label,
+        )
+        .await;
+        let step = Step {
+            outcomes,
+            // Envoy's process (lwepp's own CPU is not counted).
+            router_cpu: envoy.cpu().saturating_sub(cpu0).as_secs_f64(),
+            driver_cpu: threads_cpu("infera-drv").saturating_sub(drv0).as_secs_f64(),
+            sim_cpu: threads_cpu("infera-sim").saturating_sub(sim0).as_secs_f64(),
+            wall: t0.elapsed().as_secs_f64(),
+            served: fleet.served(),
+            evictions: evictions(&fleet).await,
+        };
+        envoy.stop().await;
+        lwepp.stop().await;
+        fleet.shutdown().await;
+        let mut r = Value::Object(row(
+            REFERENCE,
+            rate,
+            &step,
+            size.speedup(),
+            size.slo(),
+            work.oracle,
+        ));
+        r["part"] = json!("routing");
+        rows.push(r);
+    }
+    Ok(rows)
+}
+
+/// Runs S12 (with GAIE's reference picker when `reference` says where it is).
+pub async fn run(
+    ctx: &Ctx,
+    size: &Size,
+    profile: &str,
+    rates: &[f64],
+    reference: Option<&Reference>,
+) -> Result<Value> {
     let hop_rates = if rates.is_empty() {
         size.hop.rates.clone()
     } else {
@@ -142,11 +218,14 @@ pub async fn run(ctx: &Ctx, size: &Size, profile: &str, rates: &[f64]) -> Result
         r["part"] = json!("routing");
         r
     }));
-    Ok(json!({"verdicts": verdicts(&runs), "runs": runs}))
+    if let Some(reference) = reference {
+        runs.extend(routing_reference(ctx, &size.routing, profile, reference).await?);
+    }
+    Ok(json!({"verdicts": verdicts(&runs, reference.is_some()), "runs": runs}))
 }
 
 /// The targets of BENCHMARKS.md, judged on these runs.
-fn verdicts(runs: &[Value]) -> Value {
+fn verdicts(runs: &[Value], with_reference: bool) -> Value {
     let hop: Vec<&Value> = runs.iter().filter(|r| r["part"] == "hop").collect();
     let median = |key: &str, stream: bool| {
         let v: Vec<f64> = hop
@@ -178,7 +257,9 @@ fn verdicts(runs: &[Value]) -> Value {
         "ttft_p90_s": {"gateway": ttft("kv-aware"), "envoy+picker": ttft(&behind)},
         "ttft_p90_picker_over_gateway": ratio(ttft(&behind), ttft("kv-aware")),
         "goodput_picker_over_gateway": ratio(goodput(&behind), goodput("kv-aware")),
-        "reference_picker": "not measured: GAIE's cmd/lwepp needs a kube-apiserver with its InferencePool and Pods, and routes a body only in STREAMED mode from an HTTP/2 client",
+        "hit_vs_oracle_reference_picker": if with_reference { json!(hit(REFERENCE)) } else { json!("not measured: pass --kubeconfig of a kube-apiserver, with lwepp and GAIE's CRD from the test environment") },
+        "ttft_p90_s_reference_picker": if with_reference { json!(ttft(REFERENCE)) } else { Value::Null },
+        "goodput_picker_over_reference": if with_reference { ratio(goodput(&behind), goodput(REFERENCE)) } else { Value::Null },
         "targets": {"hop_added_p50_us": "< 1000", "hit_vs_oracle_ratio": ">= 0.95", "ttft_p90_ratio": "<= 1.05"},
     })
 }

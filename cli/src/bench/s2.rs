@@ -3,7 +3,7 @@
 
 use super::Ctx;
 use super::driver::open_loop;
-use super::fleet::{BLOCK_TOKENS, MODEL};
+use super::fleet::{BLOCK_TOKENS, MODEL, SimSpec};
 use super::ladder::{Slo, mixed_fleet, row, step};
 use super::stats::quantile;
 use super::workload::{oracle_hit_ratio, shared_prefix};
@@ -37,16 +37,19 @@ pub async fn run(ctx: &Ctx, size: &Size, policies: &[String], profile: &str) -> 
     Ok(json!({"verdicts": verdicts(&runs), "runs": runs}))
 }
 
-/// Runs every policy at every rate of `size` on a fresh fleet each (S2, and S8's
-/// ladder); one JSON row per run.
-pub async fn ladder(
-    scenario: &str,
-    client: &reqwest::Client,
-    ctx: &Ctx,
-    size: &Size,
-    policies: &[String],
-    profile: &str,
-) -> Result<Vec<Value>> {
+/// S2's requests, the oracle's hit ratio for them, and the fleet they run on.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    /// The request bodies (streamed completions).
+    pub bodies: Vec<Value>,
+    /// The hit ratio of a router that always finds its group's prefix.
+    pub oracle: f64,
+    /// The simulators.
+    pub sims: Vec<SimSpec>,
+}
+
+/// The workload of `size`.
+pub fn workload(ctx: &Ctx, size: &Size, profile: &str) -> Workload {
     let requests = shared_prefix(
         ctx.seed,
         size.groups,
@@ -69,6 +72,40 @@ pub async fn ladder(
         size.speedup,
         profile,
     );
+    Workload {
+        bodies,
+        oracle,
+        sims,
+    }
+}
+
+impl Size {
+    /// How much faster than an H200 the simulators run.
+    pub fn speedup(&self) -> f64 {
+        self.speedup
+    }
+
+    /// The latency targets of goodput.
+    pub fn slo(&self) -> Slo {
+        self.slo
+    }
+}
+
+/// Runs every policy at every rate of `size` on a fresh fleet each (S2, and S8's
+/// ladder); one JSON row per run.
+pub async fn ladder(
+    scenario: &str,
+    client: &reqwest::Client,
+    ctx: &Ctx,
+    size: &Size,
+    policies: &[String],
+    profile: &str,
+) -> Result<Vec<Value>> {
+    let Workload {
+        bodies,
+        oracle,
+        sims,
+    } = workload(ctx, size, profile);
     let mut runs = Vec::new();
     for &rate in &size.rates {
         for policy in policies {

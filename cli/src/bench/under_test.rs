@@ -3,7 +3,7 @@
 //! (`--pin-router`) with the driver and the simulators on the others.
 
 use super::cpu::threads_cpu;
-use super::envoy::Envoy;
+use super::envoy::{Envoy, Ready};
 use super::external::External;
 use super::fleet::{Fleet, MODEL};
 use anyhow::{Result, bail};
@@ -152,7 +152,7 @@ impl UnderTest {
                 bail!("{policy}: the fleet's gateway serves no endpoint picker");
             };
             let sims: Vec<_> = fleet.sims.iter().map(|s| s.addr).collect();
-            let envoy = Envoy::start(epp.ext_proc, &sims).await?;
+            let envoy = Envoy::start(epp.ext_proc, &sims, Ready::Picked).await?;
             let mut under = UnderTest {
                 external: None,
                 urls: vec![format!("{}{path}", envoy.picked)],
