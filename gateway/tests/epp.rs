@@ -129,6 +129,38 @@ async fn envoy_for_ports(epp_ports: &[u16], tls: bool, workers: &[&RunningWorker
     }
 }
 
+/// Waits until the gRPC health service on `port` says `service` is serving; panics with
+/// the tail of `process`'s log after `within`.
+async fn wait_serving(port: u16, service: &str, process: &ServerProcess, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let ready = async {
+            let channel =
+                tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{port}"))
+                    .ok()?
+                    .connect()
+                    .await
+                    .ok()?;
+            let status = HealthClient::new(channel)
+                .check(HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+                .ok()?;
+            (status.into_inner().status == ServingStatus::Serving as i32).then_some(())
+        };
+        if ready.await.is_some() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{service} was never served on {port}:\n{}",
+            process.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn prefixed(prefix: &str, question: &str) -> Value {
     json!({"model": MODEL, "max_tokens": 2, "messages": [
         {"role": "system", "content": prefix}, {"role": "user", "content": question}]})
@@ -375,34 +407,7 @@ impl PickerProcess {
             &dir.path().join("picker.log"),
         )
         .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let ready = async {
-                let channel = tonic::transport::Channel::from_shared(format!(
-                    "http://127.0.0.1:{health_port}"
-                ))
-                .ok()?
-                .connect()
-                .await
-                .ok()?;
-                let status = HealthClient::new(channel)
-                    .check(HealthCheckRequest {
-                        service: "readiness".into(),
-                    })
-                    .await
-                    .ok()?;
-                (status.into_inner().status == ServingStatus::Serving as i32).then_some(())
-            };
-            if ready.await.is_some() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the picker never got ready:\n{}",
-                process.log_tail(20)
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_serving(health_port, "readiness", &process, Duration::from_secs(20)).await;
         Self {
             process,
             epp_port,
@@ -774,33 +779,13 @@ impl Lwepp {
         .map(|s| s.to_string())
         .collect();
         let process = ServerProcess::start(&binary, &args, &dir.path().join("lwepp.log")).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let ready = async {
-                let channel =
-                    tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{health}"))
-                        .ok()?
-                        .connect()
-                        .await
-                        .ok()?;
-                let status = HealthClient::new(channel)
-                    .check(HealthCheckRequest {
-                        service: "inference-extension".into(),
-                    })
-                    .await
-                    .ok()?;
-                (status.into_inner().status == ServingStatus::Serving as i32).then_some(())
-            };
-            if ready.await.is_some() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "lwepp never got ready:\n{}",
-                process.log_tail(20)
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        wait_serving(
+            health,
+            "inference-extension",
+            &process,
+            Duration::from_secs(30),
+        )
+        .await;
         Lwepp {
             _process: process,
             port,

@@ -24,18 +24,23 @@ pub struct Size {
     speedup: f64,
 }
 
-/// Runs S1.
-pub async fn run(ctx: &Ctx, size: &Size, profile: &str) -> Result<Value> {
-    let sims: Vec<SimSpec> = (0..size.workers)
+/// S1's fleet: `workers` aggregated simulators, no KV events.
+pub fn sims(workers: usize, speedup: f64, profile: &str) -> Vec<SimSpec> {
+    (0..workers)
         .map(|_| SimSpec {
             kv_blocks: 4096,
-            speedup: size.speedup,
+            speedup,
             profile: profile.to_owned(),
             pd: None,
             kv_events: false,
             transfer_gbytes_per_s: 170.0,
         })
-        .collect();
+        .collect()
+}
+
+/// Runs S1.
+pub async fn run(ctx: &Ctx, size: &Size, profile: &str) -> Result<Value> {
+    let sims = sims(size.workers, size.speedup, profile);
     let flags: Vec<String> = ["--router-policy", "round-robin", "--shutdown-grace-s", "1"]
         .map(String::from)
         .to_vec();

@@ -10,7 +10,7 @@ use super::Ctx;
 use super::cpu::threads_cpu;
 use super::driver::open_loop;
 use super::envoy::{Envoy, Ready, h2_client};
-use super::fleet::{Fleet, MODEL, SimSpec};
+use super::fleet::{Fleet, MODEL};
 use super::gaie::{Lwepp, Reference};
 use super::ladder::{Step, evictions, row};
 use super::s2;
@@ -52,16 +52,7 @@ fn latency(out: &[super::driver::Outcome]) -> (f64, f64, usize) {
 
 /// The hop: one fleet (a round-robin gateway serving the picker too), one Envoy.
 async fn hop(ctx: &Ctx, size: &HopSize, profile: &str, rates: &[f64]) -> Result<Vec<Value>> {
-    let sims: Vec<SimSpec> = (0..size.workers)
-        .map(|_| SimSpec {
-            kv_blocks: 4096,
-            speedup: size.speedup,
-            profile: profile.to_owned(),
-            pd: None,
-            kv_events: false,
-            transfer_gbytes_per_s: 170.0,
-        })
-        .collect();
+    let sims = super::s1::sims(size.workers, size.speedup, profile);
     let flags: Vec<String> = [
         "--router-policy",
         "round-robin",
