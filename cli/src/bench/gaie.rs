@@ -39,13 +39,6 @@ pub struct Lwepp {
     pub port: u16,
 }
 
-async fn kube_client(path: &Path) -> Result<kube::Client> {
-    let kc = kube::config::Kubeconfig::read_from(path)
-        .with_context(|| format!("reading {}", path.display()))?;
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-    Ok(kube::Client::try_from(config)?)
-}
-
 /// Installs the InferencePool CRD unless it is there, and waits until it is served.
 async fn ensure_crd(client: &kube::Client, folder: &Path) -> Result<()> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -79,7 +72,7 @@ async fn ensure_crd(client: &kube::Client, folder: &Path) -> Result<()> {
 impl Lwepp {
     /// A pool of the simulators on `ports` (all at 127.0.0.1) and lwepp reading it.
     pub async fn start(reference: &Reference, ports: &[u16]) -> Result<Lwepp> {
-        let client = kube_client(&reference.kubeconfig).await?;
+        let client = super::s7::client(&reference.kubeconfig).await?;
         ensure_crd(&client, &reference.crds).await?;
         let namespace = format!(
             "s12-{}-{}",

@@ -63,7 +63,8 @@ fn pids_named(name: &str) -> Vec<u32> {
         .collect()
 }
 
-async fn client(path: &Path) -> Result<kube::Client> {
+/// An admin client from the kubeconfig at `path`.
+pub async fn client(path: &Path) -> Result<kube::Client> {
     let kc = kube::config::Kubeconfig::read_from(path)
         .with_context(|| format!("reading {}", path.display()))?;
     let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
