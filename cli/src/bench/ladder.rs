@@ -102,26 +102,36 @@ where
         .collect();
     let fleet = Fleet::start(&sims, gateways, &flags).await?;
     let mut router = UnderTest::start(policy, &ctx.peers, &fleet, ctx.pin.as_ref(), path).await?;
+    let step = measure(&fleet, drive(router.urls.clone()), || router.take_cpu()).await;
+    router.stop().await;
+    fleet.shutdown().await;
+    Ok(step)
+}
+
+/// Runs `drive` against `fleet` and measures it: wall time, the driver's and the
+/// simulators' CPU, and the router's CPU from `router_cpu`, read as soon as the load ends.
+pub async fn measure(
+    fleet: &Fleet,
+    drive: impl Future<Output = Vec<Outcome>>,
+    router_cpu: impl FnOnce() -> f64,
+) -> Step {
     let (drv0, sim0, t0) = (
         threads_cpu("infera-drv"),
         threads_cpu("infera-sim"),
         Instant::now(),
     );
-    let outcomes = drive(router.urls.clone()).await;
+    let outcomes = drive.await;
     let wall = t0.elapsed().as_secs_f64();
-    let router_cpu = router.take_cpu();
-    router.stop().await;
-    let step = Step {
+    let router_cpu = router_cpu();
+    Step {
         outcomes,
         router_cpu,
         driver_cpu: threads_cpu("infera-drv").saturating_sub(drv0).as_secs_f64(),
         sim_cpu: threads_cpu("infera-sim").saturating_sub(sim0).as_secs_f64(),
         wall,
         served: fleet.served(),
-        evictions: evictions(&fleet).await,
-    };
-    fleet.shutdown().await;
-    Ok(step)
+        evictions: evictions(fleet).await,
+    }
 }
 
 /// KV blocks every simulator of `fleet` evicted, from their `/metrics`.

@@ -7,12 +7,11 @@
 //! TTFT p90, goodput.
 
 use super::Ctx;
-use super::cpu::threads_cpu;
 use super::driver::open_loop;
 use super::envoy::{Envoy, Ready, h2_client};
 use super::fleet::{Fleet, MODEL};
 use super::gaie::{Lwepp, Reference};
-use super::ladder::{Step, evictions, row};
+use super::ladder::{measure, row};
 use super::s2;
 use super::stats::quantile;
 use super::under_test::BEHIND_ENVOY;
@@ -20,7 +19,6 @@ use super::workload::{Rng, text};
 use anyhow::{Result, bail};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use std::time::Instant;
 
 /// The hop's sizes (S1's workload).
 #[derive(Debug, Clone, Deserialize)]
@@ -146,31 +144,20 @@ async fn routing_reference(
         let envoy = Envoy::start(epp, &addrs, Ready::Streamed).await?;
         let urls = vec![format!("{}/v1/completions", envoy.streamed)];
         let label = format!("s12 {REFERENCE} @ {rate}/s");
-        let (drv0, sim0, cpu0, t0) = (
-            threads_cpu("infera-drv"),
-            threads_cpu("infera-sim"),
-            envoy.cpu(),
-            Instant::now(),
-        );
-        let outcomes = open_loop(
+        let cpu0 = envoy.cpu();
+        let load = open_loop(
             &client,
             &urls,
             work.bodies.clone(),
             rate * size.speedup(),
             ctx.seed,
             &label,
-        )
+        );
+        // Envoy's process (lwepp's own CPU is not counted).
+        let step = measure(&fleet, load, || {
+            envoy.cpu().saturating_sub(cpu0).as_secs_f64()
+        })
         .await;
-        let step = Step {
-            outcomes,
-            // Envoy's process (lwepp's own CPU is not counted).
-            router_cpu: envoy.cpu().saturating_sub(cpu0).as_secs_f64(),
-            driver_cpu: threads_cpu("infera-drv").saturating_sub(drv0).as_secs_f64(),
-            sim_cpu: threads_cpu("infera-sim").saturating_sub(sim0).as_secs_f64(),
-            wall: t0.elapsed().as_secs_f64(),
-            served: fleet.served(),
-            evictions: evictions(&fleet).await,
-        };
         envoy.stop().await;
         lwepp.stop().await;
         fleet.shutdown().await;
