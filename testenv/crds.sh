@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fetches the third-party CRDs that the GitOps examples and their tests need (Argo CD,
-# Flux, LeaderWorkerSet, GAIE's InferencePool) from the Go module proxy: `go mod download` of the project's
-# module at a pinned version, then the CRD files are copied out of the module's source.
+# Flux, LeaderWorkerSet, GAIE's InferencePool, Gateway API's standard channel) from the
+# Go module proxy: `go mod download` of the project's module at a pinned version, then
+# the CRD files are copied out of the module's source.
 # One folder per NAME, keyed by version; prints one `NAME=DIR` line per folder.
 # Idempotent: a folder already in the cache is not fetched again (the second run runs
 # no `go` command and takes well under a second).
@@ -28,6 +29,12 @@
 #             kustomize.toolkit.fluxcd.io_kustomizations.yaml
 #   GAIE    $cache/crds/gaie-v1.6.0/
 #             inference.networking.k8s.io_inferencepools.yaml
+#   GATEWAY_API  $cache/crds/gateway_api-v1.6.3/  (the standard channel)
+#             gateway.networking.k8s.io_<plural>.yaml for gatewayclasses, gateways,
+#             httproutes, grpcroutes, referencegrants, backendtlspolicies,
+#             listenersets, tcproutes, tlsroutes, udproutes
+#             (not its vap_safeupgrades.yaml: an admission policy, not a CRD, that
+#             only guards the upgrades of a long-lived cluster)
 #
 # A module the proxy does not serve (or that needs a newer Go than this machine's) is
 # skipped with a message on stderr and no line for its NAME; the script still exits 0,
@@ -40,6 +47,7 @@ HELM_CONTROLLER_VERSION=v1.6.4     # HelmRelease helm.toolkit.fluxcd.io/v2; v1.6
 SOURCE_CONTROLLER_VERSION=v1.9.6   # helm-controller v1.6.4 pins source-controller/api v1.9.x
 KUSTOMIZE_CONTROLLER_VERSION=v1.9.6
 GAIE_VERSION=v1.6.0         # sigs.k8s.io/gateway-api-inference-extension: InferencePool v1
+GATEWAY_API_VERSION=v1.6.3  # sigs.k8s.io/gateway-api; the newest v1.6 patch the proxy serves
 
 cache=${INFERA_TESTENV_CACHE:-$HOME/.cache/infera-testenv}
 mode=${1:-}
@@ -108,6 +116,7 @@ helm_mod=github.com/fluxcd/helm-controller@$HELM_CONTROLLER_VERSION
 source_mod=github.com/fluxcd/source-controller@$SOURCE_CONTROLLER_VERSION
 kustomize_mod=github.com/fluxcd/kustomize-controller@$KUSTOMIZE_CONTROLLER_VERSION
 gaie_mod=sigs.k8s.io/gateway-api-inference-extension@$GAIE_VERSION
+gateway_api_mod=sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION
 
 pairs=()
 # add NAME VERSION SPEC...: fetch, and remember NAME=DIR unless it was skipped.
@@ -132,6 +141,17 @@ add FLUX "helm-$HELM_CONTROLLER_VERSION-source-$SOURCE_CONTROLLER_VERSION-kustom
     "$kustomize_mod:config/crd/bases/kustomize.toolkit.fluxcd.io_kustomizations.yaml"
 add GAIE "$GAIE_VERSION" \
     "$gaie_mod:config/crd/bases/inference.networking.k8s.io_inferencepools.yaml"
+add GATEWAY_API "$GATEWAY_API_VERSION" \
+    "$gateway_api_mod:config/crd/standard/gateway.networking.k8s.io_gatewayclasses.yaml" \
+    "$gateway_api_mod:config/crd/standard/gateway.networking.k8s.io_gateways.yaml" \
+    "$gateway_api_mod:config/crd/standard/gateway.networking.k8s.io_httproutes.yaml" \
+    "$gateway_api_mod:config/crd/standard/gateway.networking.k8s.io_grpcroutes.yaml" \
+    "$gateway_api_mod:config/crd/standard/gateway.networking.k8s.io_referencegrants.yaml" \
+    "$gateway_api_mod:config/crd/standard/gateway.networking.k8s.io_backendtlspolicies.yaml" \
+    "$gateway_api_mod:config/crd/standard/gateway.networking.k8s.io_listenersets.yaml" \
+    "$gateway_api_mod:config/crd/standard/gateway.networking.k8s.io_tcproutes.yaml" \
+    "$gateway_api_mod:config/crd/standard/gateway.networking.k8s.io_tlsroutes.yaml" \
+    "$gateway_api_mod:config/crd/standard/gateway.networking.k8s.io_udproutes.yaml"
 
 for pair in ${pairs[@]+"${pairs[@]}"}; do
     if [ "$mode" = "--env" ]; then

@@ -39,7 +39,7 @@ fn examples() -> Vec<(PathBuf, PathBuf)> {
 #[test]
 fn the_examples_convert_to_the_checked_in_results_which_infera_up_plans() {
     let examples = examples();
-    assert_eq!(examples.len(), 4, "{examples:?}");
+    assert_eq!(examples.len(), 5, "{examples:?}");
     for (earlier, converted) in examples {
         let origin = format!(
             "examples/migrate/{}",
@@ -348,7 +348,7 @@ metadata: {name: gaie-probe}
 spec:
   backendFramework: vllm
   image: registry.invalid/engine:1
-  gaie: {enabled: true, tokenizerPath: org/model, gatewayName: gw}
+  gaie: {enabled: true, eppImage: registry.invalid/epp:1, tokenizerPath: org/model, gatewayName: gw}
   services:
     engine: {componentType: worker, args: [--model, org/model]}
 ";
@@ -358,11 +358,11 @@ fn strict_turns_warnings_into_a_failure_that_writes_nothing() {
     let (code, out, err) = run(&["-"], WITH_GAIE);
     assert_eq!(code, 0, "{err}");
     assert!(
-        out.contains("kind: InferaDeployment") && out.contains("# warning: spec.gaie:"),
+        out.contains("kind: InferaDeployment") && out.contains("# warning: spec.gaie.eppImage:"),
         "{out}"
     );
     assert!(
-        err.contains("warning: spec.gaie: the Gateway API Inference Extension"),
+        err.contains("warning: spec.gaie.eppImage: the picker is Infera's gateway image"),
         "{err}"
     );
     let (code, out, err) = run(&["--strict", "-"], WITH_GAIE);

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
 pub mod deploy;
+pub mod envoy;
 pub mod etcd;
 pub mod gateway;
 pub mod load;

@@ -131,6 +131,22 @@ pub fn gateway(instance: &str) -> String {
     format!("{instance}-gateway")
 }
 
+/// The endpoint picker's Deployment, Service and ServiceAccount (and its Role and
+/// RoleBinding): the earlier operator's name.
+pub fn picker(instance: &str) -> String {
+    format!("{instance}-epp")
+}
+
+/// The InferencePool.
+pub fn inference_pool(instance: &str) -> String {
+    format!("{instance}-pool")
+}
+
+/// The HTTPRoute to the user's Gateway.
+pub fn http_route(instance: &str) -> String {
+    format!("{instance}-route")
+}
+
 /// The ServiceAccount of engine pods, and its Role and RoleBinding.
 pub fn service_account(instance: &str) -> String {
     format!("{instance}-infera")

@@ -378,6 +378,8 @@ async fn every_example_is_rendered_becomes_ready_scales_and_reconciles_idempoten
     let kubeconfig = infera_testkit::kubeconfig().await.unwrap();
     install(&client).await;
     let ns = namespace(&client).await;
+    // examples/gateway-api renders an InferencePool and an HTTPRoute.
+    support::install_gateway_crds(&client, &kubeconfig).await;
     let examples: Vec<PathBuf> = support::example_dirs()
         .into_iter()
         .filter(|p| !p.ends_with("multi-node-worker"))
@@ -824,18 +826,7 @@ async fn a_worker_spanning_nodes_needs_the_leader_worker_set_crd() {
     );
     // Installing LWS (its CRD from the LWS Go module's source) lets the workers render.
     install_crd_dir(&client, &kubeconfig, &lws_crds).await;
-    let (ok, _, err) = kubectl(
-        &kubeconfig,
-        &[
-            "annotate",
-            "-n",
-            &ns,
-            "inferadeployment/r1-two-node",
-            "infera.test/nudge=1",
-        ],
-        None,
-    );
-    assert!(ok, "{err}");
+    nudge(&kubeconfig, &ns, "r1-two-node", 1);
     let names = expect_children(&client, &ns, "r1-two-node", true).await;
     assert!(names.contains(&(Kind::LeaderWorkerSet, "r1-two-node-mixed".into())));
     wait_condition(
@@ -856,19 +847,7 @@ async fn a_worker_spanning_nodes_needs_the_leader_worker_set_crd() {
     .await
     .unwrap();
     make_ready(&client, &ns).await;
-    let (ok, _, err) = kubectl(
-        &kubeconfig,
-        &[
-            "annotate",
-            "--overwrite",
-            "-n",
-            &ns,
-            "inferadeployment/r1-two-node",
-            "infera.test/nudge=2",
-        ],
-        None,
-    );
-    assert!(ok, "{err}");
+    nudge(&kubeconfig, &ns, "r1-two-node", 2);
     wait_condition(
         &client,
         &ns,
@@ -878,6 +857,209 @@ async fn a_worker_spanning_nodes_needs_the_leader_worker_set_crd() {
         Some("AllReady"),
     )
     .await;
+    op.assert_never_forbidden();
+    support::drop_namespace(&client, &ns).await;
+}
+
+/// Nudges the operator to reconcile `name` now (an annotation: a watched change).
+fn nudge(kubeconfig: &Path, ns: &str, name: &str, n: u32) {
+    let (ok, _, err) = kubectl(
+        kubeconfig,
+        &[
+            "annotate",
+            "--overwrite",
+            "-n",
+            ns,
+            &format!("inferadeployment/{name}"),
+            &format!("infera.test/nudge={n}"),
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+}
+
+#[tokio::test]
+async fn an_inference_pool_reports_its_pickers_and_what_the_gateways_controller_wrote() {
+    // No Gateway controller runs on a bare API server: the test writes the HTTPRoute's
+    // status.parents as one would (on the node no status is ever written).
+    let client = infera_testkit::kube_client().await.unwrap();
+    let kubeconfig = infera_testkit::kubeconfig().await.unwrap();
+    install(&client).await;
+    support::install_gateway_crds(&client, &kubeconfig).await;
+    let ns = namespace(&client).await;
+    let op = Operator::start(&kubeconfig, &ns, &[]).await;
+    apply_file(
+        &kubeconfig,
+        &ns,
+        &repo().join("examples/gateway-api/deployment.yaml"),
+    );
+    let names = expect_children(&client, &ns, "pool-mixed", true).await;
+    for want in [
+        (Kind::InferencePool, "pool-mixed-pool"),
+        (Kind::HttpRoute, "pool-mixed-route"),
+        (Kind::Deployment, "pool-mixed-epp"),
+    ] {
+        assert!(names.contains(&(want.0, want.1.to_owned())), "{names:?}");
+    }
+    expect_children(&client, &ns, "pool-pd", true).await;
+    let d = wait_condition(
+        &client,
+        &ns,
+        "pool-mixed",
+        "InferencePoolReady",
+        "False",
+        Some("PickerNotReady"),
+    )
+    .await;
+    assert!(
+        condition(&d, "InferencePoolReady")
+            .unwrap()
+            .2
+            .contains("0 of 2 endpoint picker pods ready"),
+        "{:?}",
+        condition(&d, "InferencePoolReady")
+    );
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    patch_status(
+        &deps,
+        "pool-mixed-epp",
+        json!({"replicas": 2, "readyReplicas": 2}),
+    )
+    .await;
+    nudge(&kubeconfig, &ns, "pool-mixed", 1);
+    let d = wait_condition(
+        &client,
+        &ns,
+        "pool-mixed",
+        "InferencePoolReady",
+        "False",
+        Some("GatewayNotFound"),
+    )
+    .await;
+    let status = d.status.unwrap().inference_pool.unwrap();
+    assert_eq!(
+        (status.picker_replicas, status.picker_ready_replicas),
+        (2, 2)
+    );
+    let route = status.route.unwrap();
+    assert_eq!(route.gateway, format!("{ns}/inference-gateway"));
+    assert!(!route.gateway_found);
+    // The user's Gateway appears; its controller has not looked at the route yet.
+    let gateways = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        &ns,
+        &kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", "Gateway"),
+            "gateways",
+        ),
+    );
+    let gateway: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": "inference-gateway"},
+        "spec": {"gatewayClassName": "test", "listeners": [{"name": "http", "protocol": "HTTP", "port": 80}]},
+    }))
+    .unwrap();
+    gateways
+        .create(&Default::default(), &gateway)
+        .await
+        .unwrap();
+    nudge(&kubeconfig, &ns, "pool-mixed", 2);
+    wait_condition(
+        &client,
+        &ns,
+        "pool-mixed",
+        "InferencePoolReady",
+        "False",
+        Some("RoutePending"),
+    )
+    .await;
+    // Its controller refuses the route, then accepts it.
+    let routes = dyn_api(&client, &ns, Kind::HttpRoute);
+    let parent = |status: &str, reason: &str, message: &str| {
+        json!({"parents": [{
+            "parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference-gateway", "namespace": ns},
+            "controllerName": "example.com/gateway-controller",
+            "conditions": [{"type": "Accepted", "status": status, "reason": reason, "message": message,
+                            "lastTransitionTime": "2026-12-04T00:00:00Z", "observedGeneration": 1}],
+        }]})
+    };
+    patch_status(
+        &routes,
+        "pool-mixed-route",
+        parent(
+            "False",
+            "NotAllowedByListeners",
+            "no listener allows routes from this namespace",
+        ),
+    )
+    .await;
+    nudge(&kubeconfig, &ns, "pool-mixed", 3);
+    let d = wait_condition(
+        &client,
+        &ns,
+        "pool-mixed",
+        "InferencePoolReady",
+        "False",
+        Some("RouteNotAccepted"),
+    )
+    .await;
+    let message = condition(&d, "InferencePoolReady").unwrap().2;
+    assert!(
+        message.contains("NotAllowedByListeners: no listener allows routes"),
+        "{message}"
+    );
+    patch_status(
+        &routes,
+        "pool-mixed-route",
+        parent("True", "Accepted", "accepted"),
+    )
+    .await;
+    nudge(&kubeconfig, &ns, "pool-mixed", 4);
+    let d = wait_condition(
+        &client,
+        &ns,
+        "pool-mixed",
+        "InferencePoolReady",
+        "True",
+        Some("Ready"),
+    )
+    .await;
+    let route = d.status.unwrap().inference_pool.unwrap().route.unwrap();
+    assert_eq!(
+        (route.accepted, route.reason.as_deref()),
+        (Some(true), Some("Accepted"))
+    );
+    // Taking the field out prunes the pool, the route and the picker.
+    let (ok, _, err) = kubectl(
+        &kubeconfig,
+        &[
+            "patch",
+            "-n",
+            &ns,
+            "inferadeployment/pool-mixed",
+            "--type=json",
+            "-p",
+            r#"[{"op": "remove", "path": "/spec/gateway/inferencePool"}]"#,
+        ],
+        None,
+    );
+    assert!(ok, "{err}");
+    for (kind, name) in [
+        (Kind::InferencePool, "pool-mixed-pool"),
+        (Kind::HttpRoute, "pool-mixed-route"),
+        (Kind::Deployment, "pool-mixed-epp"),
+    ] {
+        let api = dyn_api(&client, &ns, kind);
+        eventually(&format!("{kind:?} {name} pruned"), WAIT, || async {
+            match api.get_opt(name).await.map_err(|e| e.to_string())? {
+                None => Ok(()),
+                Some(_) => Err("still there".to_owned()),
+            }
+        })
+        .await;
+    }
+    let d = get_idep(&client, &ns, "pool-mixed").await;
+    assert!(condition(&d, "InferencePoolReady").is_none());
     op.assert_never_forbidden();
     support::drop_namespace(&client, &ns).await;
 }

@@ -57,7 +57,7 @@ pub fn convert_deployment(doc: Value) -> Converted {
         f.note(spec.at("etcdEndpoint"), "read only with discoveryBackend: etcd, as the earlier operator did (a launcher's --discovery-backend etcd still uses it)");
     }
     let nats_deployed = read_nats(&mut spec, &mut f);
-    read_gaie(&mut spec, &name, &mut f);
+    let gaie = read_gaie(&mut spec, &name, &mut f);
     let envs = spec.take_list("envs", &mut f);
     let services_path = spec.at("services");
     let mut workers = Vec::new();
@@ -113,6 +113,7 @@ pub fn convert_deployment(doc: Value) -> Converted {
         services_path,
         image,
         service_labels,
+        gaie,
     };
     let server = match servers.len() {
         0 => {
@@ -199,23 +200,103 @@ fn read_nats(spec: &mut Fields, f: &mut Findings) -> bool {
     deployed
 }
 
-/// `spec.gaie`: not built here.
-fn read_gaie(spec: &mut Fields, name: &str, f: &mut Findings) {
-    let Some(mut gaie) = spec.take_fields("gaie", f) else {
-        return;
-    };
+/// `spec.gaie` as `spec.gateway.inferencePool` (with the tokenizer for
+/// `spec.gateway.tokenizer` when it is a path): the same InferencePool, picker,
+/// HTTPRoute and, for prefill/decode, decode-pod frontends.
+fn read_gaie(spec: &mut Fields, name: &str, f: &mut Findings) -> Option<Gaie> {
+    let mut gaie = spec.take_fields("gaie", f)?;
     let enabled = gaie.take_bool("enabled", f).unwrap_or(false);
-    let rest: Vec<String> = gaie.into_map().keys().cloned().collect();
-    let what = format!(
-        "the Gateway API Inference Extension (endpoint picker, InferencePool, per-worker frontends) is not built: the deployment's own gateways route kv-aware; attach an HTTPRoute to the {name}-gateway Service instead{}; dropped",
-        if rest.is_empty() {
-            String::new()
+    if !enabled {
+        drop(gaie);
+        f.note(
+            "spec.gaie",
+            "enabled is false: the earlier operator built none of it; not carried over",
+        );
+        return None;
+    }
+    let mut pool = Map::new();
+    let mut tokenizer = None;
+    if gaie.take("eppImage").is_some() {
+        f.warn(gaie.at("eppImage"), "the picker is Infera's gateway image here (spec.gateway.image, default the operator's), not the earlier Python picker's; dropped");
+    }
+    match gaie.take_str("tokenizerPath", f) {
+        Some(path) if path.starts_with('/') => tokenizer = Some(path),
+        Some(path) => f.note(gaie.at("tokenizerPath"), format!("{path:?} is a model id: the picker uses the workers' own tokenizer (the model's, fetched from their sidecars); dropped")),
+        None => {}
+    }
+    let mut gateway_ref = Map::new();
+    if let Some(name) = gaie.take_str("gatewayName", f) {
+        gateway_ref.insert("name".into(), json!(name));
+    }
+    if let Some(ns) = gaie.take_str("gatewayNamespace", f) {
+        if gateway_ref.contains_key("name") {
+            gateway_ref.insert("namespace".into(), json!(ns));
         } else {
-            format!(" (fields {})", rest.join(", "))
+            f.warn(
+                gaie.at("gatewayNamespace"),
+                "no gatewayName with it; dropped",
+            );
         }
-    );
-    if enabled || !rest.is_empty() {
-        f.warn("spec.gaie", what);
+    }
+    if !gateway_ref.is_empty() {
+        pool.insert("gatewayRef".into(), Value::Object(gateway_ref));
+    }
+    let hostnames = gaie.take_strings("hostnames", f);
+    if !hostnames.is_empty() {
+        if pool.contains_key("gatewayRef") {
+            pool.insert("hostnames".into(), json!(hostnames));
+        } else {
+            f.warn(
+                gaie.at("hostnames"),
+                "the HTTPRoute they belong to needs gatewayName; dropped",
+            );
+        }
+    }
+    let frontend_port = gaie.take_int("frontendPort", f);
+    if gaie.take("modelName").is_some() {
+        f.note(gaie.at("modelName"), "informational in the earlier operator (requests are routed by the picker's headers); the served name is spec.model.name; dropped");
+    }
+    let path = gaie.path().to_owned();
+    gaie.report_rest(f, "not a field of the earlier schema; dropped");
+    f.warn(&path, format!("carried over as spec.gateway.inferencePool, whose InferencePool {name}-pool, HTTPRoute {name}-route and picker Deployment and Service {name}-epp have the names of the earlier operator's: delete those before applying the result (README, switching a cluster over); two pickers run here, one did"));
+    Some(Gaie {
+        pool,
+        tokenizer,
+        frontend_port,
+        path,
+    })
+}
+
+/// The earlier `spec.gaie`, read.
+pub(super) struct Gaie {
+    /// `spec.gateway.inferencePool` without the frontend port.
+    pool: Map<String, Value>,
+    /// An absolute tokenizer path, for `spec.gateway.tokenizer`.
+    tokenizer: Option<String>,
+    /// `frontendPort`, placed once the roles are known.
+    frontend_port: Option<i64>,
+    /// Where it was (`spec.gaie`).
+    path: String,
+}
+
+impl Gaie {
+    /// Into `gateway` (the converted `spec.gateway`), for workers `disaggregated` or not.
+    fn place(mut self, gateway: &mut Map<String, Value>, disaggregated: bool, f: &mut Findings) {
+        let at = format!("{}.frontendPort", self.path);
+        match (self.frontend_port, disaggregated) {
+            (Some(port), false) => f.note(at, format!("{port}: mixed workers are the pool's endpoints themselves here, on the engine port 8000 (no frontend); dropped")),
+            (Some(port), true) if port == i64::from(infera_operator::render::engine::ENGINE_PORT) => f.warn(at, format!("{port} is the engine's port here: the decode pods' frontends listen on {} (the pool's target port)", infera_operator::api::DEFAULT_FRONTEND_PORT)),
+            (Some(port), true) => {
+                self.pool.insert("frontendPort".into(), json!(port));
+            }
+            (None, _) => {}
+        }
+        if let Some(t) = self.tokenizer
+            && !gateway.contains_key("tokenizer")
+        {
+            gateway.insert("tokenizer".into(), json!(t));
+        }
+        gateway.insert("inferencePool".into(), Value::Object(self.pool));
     }
 }
 
@@ -248,6 +329,8 @@ pub(super) struct Build {
     pub(super) image: Option<String>,
     /// This operator's pod labels for each earlier service name.
     pub(super) service_labels: Map<String, Value>,
+    /// `spec.gaie`, for `spec.gateway.inferencePool`.
+    pub(super) gaie: Option<Gaie>,
 }
 
 fn gcd(a: i64, b: i64) -> i64 {
@@ -536,7 +619,10 @@ impl Build {
         spec.insert("model".into(), model);
         spec.insert("engine".into(), Value::Object(engine));
         set(&mut spec, "network", self.network(&all));
-        let gateway = self.gateway(server.gateway.clone(), &server, &model_path, &all);
+        let mut gateway = self.gateway(server.gateway.clone(), &server, &model_path, &all);
+        if let Some(gaie) = self.gaie.take() {
+            gaie.place(&mut gateway, spec.contains_key("serving"), &mut self.f);
+        }
         set(&mut spec, "gateway", Value::Object(gateway));
         set(&mut spec, "discovery", self.discovery(&all, &server, disc));
         set(&mut spec, "messaging", self.messaging(&all, &server, disc));

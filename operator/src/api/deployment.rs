@@ -629,6 +629,13 @@ pub struct GatewaySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "pod_template_schema")]
     pub pod_template: Option<serde_json::Value>,
+    /// Serve the deployment through a Gateway API inference gateway as well: an
+    /// InferencePool (`inference.networking.k8s.io/v1`) over the serving workers, the
+    /// endpoint picker it names (this gateway's routing, as GAIE's picker), and with
+    /// `gatewayRef` an HTTPRoute to the user's Gateway. Needs the InferencePool CRD
+    /// (and for the route, Gateway API's). Unset: none of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inference_pool: Option<super::inference_pool::InferencePoolSpec>,
 }
 
 /// The gateway's certificate.
@@ -659,6 +666,7 @@ impl Default for GatewaySpec {
             migration_limit: default_migration_limit(),
             scheduling: SchedulingSpec::default(),
             pod_template: None,
+            inference_pool: None,
         }
     }
 }
@@ -956,6 +964,9 @@ pub struct InferaDeploymentStatus {
     /// An engine rollout in progress (absent when none runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutStatus>,
+    /// The InferencePool, its picker and route (with `spec.gateway.inferencePool`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inference_pool: Option<super::inference_pool::InferencePoolStatus>,
 }
 
 /// One role's workers.

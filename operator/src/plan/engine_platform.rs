@@ -42,6 +42,9 @@ pub struct EnginePlatform {
     pub kvd: String,
     /// `infera-sim`, the engine of `kind: sim` without an image of its own.
     pub sim: String,
+    /// `infera-gateway`, the direct-mode frontend of decode pods behind an
+    /// InferencePool.
+    pub gateway: String,
 }
 
 /// An engine workload as it stands: what the operator recorded on it, and the images
@@ -61,6 +64,8 @@ pub struct LiveEngines {
     pub kvd: Option<String>,
     /// The image of the container named `engine`.
     pub engine: Option<String>,
+    /// The image of the container named `frontend`.
+    pub frontend: Option<String>,
     /// A StatefulSet's window and pods (a LeaderWorkerSet rolls by itself).
     pub workers: Option<crate::plan::rollout::LiveWorkers>,
 }
@@ -99,6 +104,7 @@ pub fn build_release_platform(
         sidecar: images.sidecar,
         kvd: images.kvd,
         sim: images.sim,
+        gateway: images.gateway,
     }
 }
 
@@ -137,6 +143,7 @@ pub fn choose_platform(
             (Some(image), true) => image.clone(),
             _ => defaults.sim,
         },
+        gateway: live.frontend.clone().unwrap_or(defaults.gateway),
     };
     PlatformChoice {
         kept: Some((kept, live.template_digest.clone())),

@@ -136,6 +136,16 @@ pub struct DeploymentPlan {
 }
 
 impl DeploymentPlan {
+    /// The InferencePool's frontend port, when decode pods carry a direct-mode frontend
+    /// (an InferencePool over prefill/decode workers).
+    pub fn frontend_port(&self) -> Option<u16> {
+        let pool = self.gateway.inference_pool.as_ref()?;
+        let disaggregated = self.roles.iter().any(|r| r.pd.is_some());
+        disaggregated
+            .then(|| u16::try_from(pool.frontend_port).ok())
+            .flatten()
+    }
+
     /// The connector between prefill and decode, when disaggregated.
     pub fn protocol(&self) -> Option<PdProtocol> {
         self.roles
@@ -265,6 +275,8 @@ pub struct GatewayPlan {
     pub scheduling: SchedulingSpec,
     /// The user's pod-template override for gateway pods.
     pub pod_override: Option<PodOverride>,
+    /// The InferencePool, its picker and route.
+    pub inference_pool: Option<crate::api::InferencePoolSpec>,
 }
 
 /// kvd's tiers, in bytes.

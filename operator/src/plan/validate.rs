@@ -391,6 +391,7 @@ pub fn plan_deployment(
                 field: "spec.gateway.podTemplate".into(),
                 patch: patch.clone(),
             }),
+            inference_pool: g.inference_pool.clone(),
         },
         kvd,
         network: spec.network.clone(),

@@ -8,6 +8,7 @@ pub mod apply;
 pub mod gateway_tokenizer;
 pub mod observe;
 pub mod pod_problems;
+pub mod pool_status;
 pub mod status;
 pub mod topologies;
 pub mod topology_status;
@@ -33,7 +34,7 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use observe::model_state;
 use status::{ModelState, Observation, RoleObservation, compute_status};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -66,8 +67,8 @@ pub struct Context {
     /// What each deployment (by uid) was last pruned against: a prune is only needed
     /// when the rendered set changes (or after a restart).
     pruned: Mutex<HashMap<String, BTreeSet<(Kind, String)>>>,
-    /// Whether the LeaderWorkerSet CRD was served, and when that was checked.
-    lws: Mutex<Option<(Instant, bool)>>,
+    /// Whether each optional kind's CRD was served, and when that was checked.
+    served: Mutex<BTreeMap<Kind, (Instant, bool)>>,
 }
 
 /// A failed reconcile (retried with backoff), by the step that failed.
@@ -118,7 +119,8 @@ impl ReconcileError {
     }
 }
 
-fn count(object: &DynamicObject, field: &str) -> i32 {
+/// A count from an object's `status` (0 when absent).
+pub(crate) fn count(object: &DynamicObject, field: &str) -> i32 {
     object
         .data
         .get("status")
@@ -151,23 +153,28 @@ impl Context {
             settings,
             metrics,
             pruned: Mutex::new(HashMap::new()),
-            lws: Mutex::new(None),
+            served: Mutex::new(BTreeMap::new()),
         })
     }
 
-    /// Whether the API server serves LeaderWorkerSets: asked afresh when `fresh` (a
-    /// deployment needs one), else remembered for [`LWS_RECHECK`].
+    /// Whether the API server serves LeaderWorkerSets (see [`Context::served`]).
     async fn lws_installed(&self, fresh: bool) -> bool {
-        let cached = self.lws.lock().ok().and_then(|c| *c);
+        self.served(Kind::LeaderWorkerSet, fresh).await
+    }
+
+    /// Whether the API server serves `kind`: asked afresh when `fresh` (a deployment
+    /// needs one), else remembered for [`LWS_RECHECK`].
+    async fn served(&self, kind: Kind, fresh: bool) -> bool {
+        let cached = self.served.lock().ok().and_then(|c| c.get(&kind).copied());
         if let Some((at, installed)) = cached
             && !fresh
             && at.elapsed() < LWS_RECHECK
         {
             return installed;
         }
-        let installed = observe::lws_installed(&self.client).await;
-        if let Ok(mut c) = self.lws.lock() {
-            *c = Some((Instant::now(), installed));
+        let installed = observe::served(&self.client, kind).await;
+        if let Ok(mut c) = self.served.lock() {
+            c.insert(kind, (Instant::now(), installed));
         }
         installed
     }
@@ -202,21 +209,41 @@ async fn topology_of(
         })
 }
 
-/// Applies the build; returns the applied objects, or the Degraded reason when a
-/// LeaderWorkerSet is needed and its CRD is missing (everything else is applied).
+/// Why a child of an optional kind was not applied: its CRD is not served.
+fn missing_crd(kind: Kind) -> (String, String) {
+    let (reason, message) = match kind {
+        Kind::InferencePool => (
+            "InferencePoolCrdMissing",
+            "spec.gateway.inferencePool needs GAIE's InferencePool CRD (inference.networking.k8s.io/v1, from gateway-api-inference-extension v1.0 or later); install it and the operator renders the pool (the picker runs meanwhile)",
+        ),
+        Kind::HttpRoute => (
+            "GatewayApiCrdMissing",
+            "spec.gateway.inferencePool.gatewayRef needs Gateway API's HTTPRoute CRD (gateway.networking.k8s.io/v1); install Gateway API (a Gateway implementation brings it) and the operator renders the route",
+        ),
+        _ => (
+            "LeaderWorkerSetMissing",
+            "a worker spans nodes (nodesPerWorker > 1), which needs the LeaderWorkerSet CRD (leaderworkerset.x-k8s.io/v1); install LWS (https://lws.sigs.k8s.io) and the operator renders the workers",
+        ),
+    };
+    (reason.to_owned(), message.to_owned())
+}
+
+/// Applies the build; returns the applied objects, the optional kinds it needs whose
+/// CRDs are missing (everything else is applied), and the Degraded reason of the first.
 async fn apply_all(
     ctx: &Context,
     namespace: &str,
     rendered: &Rendered,
-) -> Result<(Vec<Applied>, Option<(String, String)>), ReconcileError> {
-    let needs_lws = rendered
-        .children
-        .iter()
-        .any(|c| c.kind == Kind::LeaderWorkerSet);
-    let lws = !needs_lws || ctx.lws_installed(true).await;
+) -> Result<(Vec<Applied>, Vec<Kind>, Option<(String, String)>), ReconcileError> {
+    let mut missing = Vec::new();
+    for kind in Kind::OPTIONAL {
+        if rendered.children.iter().any(|c| c.kind == kind) && !ctx.served(kind, true).await {
+            missing.push(kind);
+        }
+    }
     let mut applied = Vec::new();
     for child in &rendered.children {
-        if child.kind == Kind::LeaderWorkerSet && !lws {
+        if missing.contains(&child.kind) {
             continue;
         }
         if let Some(a) = apply_child(&ctx.client, namespace, child).await? {
@@ -224,13 +251,8 @@ async fn apply_all(
         }
     }
     ctx.metrics.record_applies(applied.len());
-    let problem = (!lws).then(|| {
-        (
-            "LeaderWorkerSetMissing".to_owned(),
-            "a worker spans nodes (nodesPerWorker > 1), which needs the LeaderWorkerSet CRD (leaderworkerset.x-k8s.io/v1); install LWS (https://lws.sigs.k8s.io) and the operator renders the workers".to_owned(),
-        )
-    });
-    Ok((applied, problem))
+    let problem = missing.first().map(|k| missing_crd(*k));
+    Ok((applied, missing, problem))
 }
 
 async fn prune_if_changed(
@@ -238,7 +260,7 @@ async fn prune_if_changed(
     idep: &InferaDeployment,
     namespace: &str,
     rendered: &Rendered,
-    lws: bool,
+    missing: &[Kind],
 ) -> Result<(), ReconcileError> {
     let uid = idep.uid().unwrap_or_default();
     let keep: BTreeSet<(Kind, String)> = rendered
@@ -254,13 +276,17 @@ async fn prune_if_changed(
     if unchanged {
         return Ok(());
     }
-    // A LeaderWorkerSet left from a multi-node shape is pruned whenever the CRD is served.
-    let lws = lws && ctx.lws_installed(false).await;
-    let kinds: Vec<Kind> = Kind::ALL
-        .iter()
-        .copied()
-        .filter(|k| *k != Kind::LeaderWorkerSet || lws)
-        .collect();
+    // A kind whose CRD is served is pruned (a LeaderWorkerSet left from a multi-node
+    // shape, an InferencePool no longer asked for), unless this build found it missing.
+    let mut kinds = Vec::new();
+    for kind in Kind::ALL {
+        if missing.contains(&kind) {
+            continue;
+        }
+        if !Kind::OPTIONAL.contains(&kind) || ctx.served(kind, false).await {
+            kinds.push(kind);
+        }
+    }
     let deleted = prune(
         &ctx.client,
         namespace,
@@ -452,12 +478,12 @@ fn rollout_events(
 /// while workers or gateways are not ready, soon; a download runs its Job (which wakes
 /// the controller) but its pod's problems do not; a missing LeaderWorkerSet CRD may be
 /// installed.
-fn build_requeue(ready_reason: &str, lws_missing: bool) -> Duration {
+fn build_requeue(ready_reason: &str, crd_missing: bool) -> Duration {
     match ready_reason {
         "WorkersNotReady" | "GatewayNotReady" => NOT_READY_RECHECK,
         r if pod_problems::PodProblemKind::REASONS.contains(&r) => NOT_READY_RECHECK,
         "ModelDownloading" => Duration::from_secs(60),
-        _ if lws_missing => Duration::from_secs(30),
+        _ if crd_missing => Duration::from_secs(30),
         _ => Duration::from_secs(600),
     }
 }
@@ -524,12 +550,13 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
                 tokenizer: None,
                 autoscaled: idep.spec.autoscaling.is_some(),
                 revision: None,
+                inference_pool: None,
             };
             write_status(ctx, idep, &namespace, &obs).await?;
             return Ok(Action::requeue(Duration::from_secs(300)));
         }
     };
-    let (applied, problem) = match apply_all(ctx, &namespace, &rendered).await {
+    let (applied, missing, problem) = match apply_all(ctx, &namespace, &rendered).await {
         Ok(r) => r,
         Err(e) => {
             // Say so in the status (not only in the operator's log), then retry.
@@ -545,12 +572,13 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
                 tokenizer: None,
                 autoscaled: idep.spec.autoscaling.is_some(),
                 revision: None,
+                inference_pool: None,
             };
             write_status(ctx, idep, &namespace, &obs).await?;
             return Err(e);
         }
     };
-    prune_if_changed(ctx, idep, &namespace, &rendered, problem.is_none()).await?;
+    prune_if_changed(ctx, idep, &namespace, &rendered, &missing).await?;
     if let Some((reason, message)) = &problem
         && !idep.status.as_ref().is_some_and(|s| {
             s.conditions
@@ -570,7 +598,13 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
             )
         })
         .unwrap_or((idep.spec.gateway.replicas, 0));
-    let lws_missing = problem.is_some();
+    let crd_missing = problem.is_some();
+    let inference_pool = match &idep.spec.gateway.inference_pool {
+        Some(pool) => {
+            Some(observe::fetch_pool_status(&ctx.client, &namespace, &name, pool, &applied).await)
+        }
+        None => None,
+    };
     let tokenizer = match rendered.tokenizer_from_workers {
         true => Some(
             gateway_tokenizer::observe_gateway_tokenizer(&pods, ENGINE_PORT, rendered.gateway_tls)
@@ -590,9 +624,19 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
         tokenizer,
         autoscaled: idep.spec.autoscaling.is_some(),
         revision: Some(rendered.revision.clone()),
+        inference_pool,
     };
     let ready_reason = write_status(ctx, idep, &namespace, &obs).await?;
-    let mut requeue = build_requeue(&ready_reason, lws_missing);
+    let mut requeue = build_requeue(&ready_reason, crd_missing);
+    if obs
+        .inference_pool
+        .as_ref()
+        .is_some_and(|p| !pool_status::pool_condition(p).0)
+    {
+        // Nothing the operator watches changes when a Gateway's controller accepts the
+        // route or the Gateway is created.
+        requeue = requeue.min(NOT_READY_RECHECK);
+    }
     if rendered.roles.iter().any(|r| r.progress.rolling) {
         // Pods turning ready wake the controller through their StatefulSet; this is the
         // net under it.

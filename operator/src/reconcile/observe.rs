@@ -19,12 +19,72 @@ use kube::{Api, Client};
 
 /// Whether the API server serves `leaderworkerset.x-k8s.io/v1` LeaderWorkerSets.
 pub async fn lws_installed(client: &Client) -> bool {
-    match client
-        .list_api_group_resources("leaderworkerset.x-k8s.io/v1")
-        .await
-    {
-        Ok(list) => list.resources.iter().any(|r| r.name == "leaderworkersets"),
+    served(client, Kind::LeaderWorkerSet).await
+}
+
+/// Whether the API server serves `kind` (its CRD is installed).
+pub async fn served(client: &Client, kind: Kind) -> bool {
+    let ar = kind.api_resource();
+    match client.list_api_group_resources(&ar.api_version).await {
+        Ok(list) => list.resources.iter().any(|r| r.name == ar.plural),
         Err(_) => false,
+    }
+}
+
+/// Whether the Gateway `namespace/name` (gateway.networking.k8s.io/v1) exists; false
+/// too when it cannot be read (Gateway API not installed, or no access).
+pub async fn gateway_exists(client: &Client, namespace: &str, name: &str) -> bool {
+    let ar = kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", "Gateway"),
+        "gateways",
+    );
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &ar);
+    match api.get_opt(name).await {
+        Ok(found) => found.is_some(),
+        Err(e) => {
+            tracing::debug!("reading Gateway {namespace}/{name}: {e}");
+            false
+        }
+    }
+}
+
+/// `status.inferencePool`: the picker's Deployment and the HTTPRoute as applied (the
+/// API server's answer carries their status), and whether the route's Gateway exists.
+pub async fn fetch_pool_status(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    pool: &crate::api::InferencePoolSpec,
+    applied: &[super::apply::Applied],
+) -> crate::api::InferencePoolStatus {
+    let picker = names::picker(name);
+    let route = match &pool.gateway_ref {
+        Some(gw) => {
+            let gw_namespace = gw.namespace.as_deref().unwrap_or(namespace);
+            let object = applied
+                .iter()
+                .find(|a| a.kind == Kind::HttpRoute)
+                .and_then(|a| serde_json::to_value(&a.object).ok());
+            let found = gateway_exists(client, gw_namespace, &gw.name).await;
+            Some(super::pool_status::build_route_status(
+                &names::http_route(name),
+                object.as_ref(),
+                (gw_namespace, &gw.name),
+                found,
+            ))
+        }
+        None => None,
+    };
+    crate::api::InferencePoolStatus {
+        pool: names::inference_pool(name),
+        picker_replicas: pool.picker_replicas,
+        picker_ready_replicas: applied
+            .iter()
+            .find(|a| a.kind == Kind::Deployment && a.name == picker)
+            .map(|a| super::count(&a.object, "readyReplicas"))
+            .unwrap_or(0),
+        picker,
+        route,
     }
 }
 
@@ -232,6 +292,7 @@ pub fn build_live_engines(
         sidecar: image("sidecar"),
         kvd: image("kvd"),
         engine: image("engine"),
+        frontend: image("frontend"),
         workers: None,
     }
 }

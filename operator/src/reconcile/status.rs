@@ -67,6 +67,8 @@ pub struct Observation {
     pub autoscaled: bool,
     /// The revision of the engine spec, when the build succeeded.
     pub revision: Option<String>,
+    /// The InferencePool's picker and route (with `spec.gateway.inferencePool`).
+    pub inference_pool: Option<crate::api::InferencePoolStatus>,
 }
 
 fn condition(
@@ -355,7 +357,12 @@ pub fn compute_status(
         };
         conditions.push(cond("PlatformCurrent", ok, reason, message));
     }
+    if let Some(pool) = &obs.inference_pool {
+        let (ok, reason, message) = super::pool_status::pool_condition(pool);
+        conditions.push(cond("InferencePoolReady", ok, reason, message));
+    }
     InferaDeploymentStatus {
+        inference_pool: obs.inference_pool.clone(),
         platform,
         observed_generation: generation,
         conditions,

@@ -3,19 +3,18 @@
 //! gateway and the engine sidecars need for Kubernetes discovery (the gateway reads Pods;
 //! sidecars patch their own Pod's annotation).
 
-use super::engine::{ENGINE_PORT, MODEL_MOUNT};
-use super::gateway_flags::{GatewaySite, build_gateway_args, nats_flags};
+use super::engine::ENGINE_PORT;
+use super::gateway_flags::{GatewaySite, build_gateway_args};
+use super::gateway_site::{gateway_site, reads_model_volume};
 use super::overrides::apply_overrides;
-use super::pod::{
-    SIDECAR_PORT, cpu_and_memory, model_mount, model_volume, placement, restricted_security,
-};
+use super::pod::{cpu_and_memory, model_mount, model_volume, placement, restricted_security};
 use super::pull::{PodKind, apply_pull};
-use super::secrets::{etcd_client_args, etcd_secrets, one_key, secret_volume};
+use super::secrets::{etcd_secrets, one_key, secret_volume};
 use super::workers::one_at_a_time;
 use super::{Child, Kind, child};
 use crate::api::ServiceType;
 use crate::names;
-use crate::plan::{Discovery, Plan, Tokenizer, ValidateError};
+use crate::plan::{Discovery, Plan, ValidateError};
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
@@ -34,12 +33,17 @@ use std::collections::BTreeMap;
 /// neither account has any permission (and no pod mounts a token).
 pub fn build_identity(plan: &Plan) -> Vec<Child> {
     let kubernetes = plan.discovery == Discovery::Kubernetes;
+    // Decode pods' frontends (behind an InferencePool) read the workers' Pods too.
+    let engine_verbs: &[&str] = match plan.deployment.frontend_port() {
+        Some(_) => &["get", "list", "watch", "patch"],
+        None => &["patch"],
+    };
     let mut out = Vec::new();
     for (name, component, verbs) in [
         (
             names::service_account(&plan.owner.name),
             "identity",
-            &["patch"][..],
+            engine_verbs,
         ),
         (
             names::gateway(&plan.owner.name),
@@ -64,7 +68,7 @@ pub fn build_identity(plan: &Plan) -> Vec<Child> {
 }
 
 /// A Role over Pods with `verbs`, bound to the ServiceAccount `name`.
-fn pod_role(
+pub(super) fn pod_role(
     plan: &Plan,
     name: &str,
     labels: BTreeMap<String, String>,
@@ -111,21 +115,6 @@ const GATEWAY_GRACE_S: i64 = GATEWAY_SHUTDOWN_DELAY_S as i64 + 30 + 5;
 /// The gateway's command-line flags in its pod, the model folder at `model_path`.
 fn gateway_args(plan: &Plan, model_path: &str) -> Vec<String> {
     let g = &plan.deployment.gateway;
-    let discovery = match &plan.discovery {
-        Discovery::Etcd(etcd) => {
-            let mut args = vec!["--discovery-backend".into(), "etcd".into()];
-            args.extend(etcd_client_args(etcd));
-            args
-        }
-        Discovery::Kubernetes => vec![
-            "--discovery-backend".into(),
-            "kubernetes".into(),
-            "--k8s-label-selector".into(),
-            names::engine_selector_string(&plan.owner.name),
-            "--k8s-namespace".into(),
-            plan.owner.namespace.clone(),
-        ],
-    };
     let mut access = Vec::new();
     if g.api_keys_secret_ref.is_some() {
         access.extend([
@@ -141,49 +130,10 @@ fn gateway_args(plan: &Plan, model_path: &str) -> Vec<String> {
         access.extend(["--tls-key-file".into(), format!("{TLS_DIR}/tls.key")]);
     }
     let site = GatewaySite {
-        host: "0.0.0.0".into(),
-        port: ENGINE_PORT,
-        // On SIGTERM, stay up (not ready, closing connections) until the Service has
-        // dropped the pod, so a rolling update or a deleted pod refuses no client.
-        lifecycle: vec![
-            "--shutdown-delay-s".into(),
-            GATEWAY_SHUTDOWN_DELAY_S.to_string(),
-        ],
-        discovery,
-        messaging: plan
-            .nats_url
-            .as_deref()
-            .map(|url| [&nats_flags(url)[..], &plan.request_plane].concat())
-            .unwrap_or_default(),
-        model_path: model_path.to_owned(),
-        tokenizer_from_workers: tokenizer_from_workers(plan).then_some(SIDECAR_PORT),
         access,
+        ..gateway_site(plan, model_path, ENGINE_PORT, GATEWAY_SHUTDOWN_DELAY_S)
     };
     build_gateway_args(&g.routing, &site)
-}
-
-/// Whether the gateway fetches its tokenizer from the workers' sidecars: when it is the
-/// one the engines load, which a sidecar serves: the model folder itself, or for the
-/// simulator the `model.tokenizer` folder it is given. Then the gateway pod mounts no
-/// model volume, wherever that lives.
-pub fn tokenizer_from_workers(plan: &Plan) -> bool {
-    let d = &plan.deployment;
-    match &d.gateway.routing.tokenizer {
-        Some(Tokenizer::InModel(rel)) => {
-            rel.is_empty() || (d.launch.is_sim() && d.model.tokenizer.as_ref() == Some(rel))
-        }
-        _ => false,
-    }
-}
-
-/// Whether the gateway reads its tokenizer from the model volume (the pod must mount
-/// it): a folder in the model other than the engines' own, or an absolute path into it.
-fn reads_model_volume(plan: &Plan) -> bool {
-    match &plan.deployment.gateway.routing.tokenizer {
-        Some(Tokenizer::InModel(_)) => !tokenizer_from_workers(plan),
-        Some(Tokenizer::Absolute(path)) => path.starts_with(MODEL_MOUNT),
-        None => false,
-    }
 }
 
 /// Where the API keys Secret is mounted, and the one file of it the gateway reads.
@@ -225,6 +175,36 @@ fn probe(path: &str, tls: bool) -> Probe {
 
 fn default_resources() -> ResourceRequirements {
     cpu_and_memory("500m", "256Mi", "2Gi")
+}
+
+/// A Deployment of `replicas` pods from `template` that rolls one new pod in before
+/// taking an old one out: it never serves with fewer.
+pub(super) fn build_surging_deployment(
+    metadata: ObjectMeta,
+    replicas: i32,
+    selector: BTreeMap<String, String>,
+    template: PodTemplateSpec,
+) -> Deployment {
+    Deployment {
+        metadata,
+        spec: Some(DeploymentSpec {
+            replicas: Some(replicas),
+            selector: LabelSelector {
+                match_labels: Some(selector),
+                ..Default::default()
+            },
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(1)),
+                    max_unavailable: Some(IntOrString::Int(0)),
+                }),
+            }),
+            template,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 /// The gateway Deployment and Service, the model folder at `model_path` in its pod.
@@ -283,26 +263,12 @@ pub fn build_gateway(plan: &Plan, model_path: &str) -> Result<Vec<Child>, Valida
         spec: Some(spec),
     };
     let template = apply_overrides(template, &g.pod_override.iter().collect::<Vec<_>>())?;
-    let deployment = Deployment {
-        metadata: plan.owner.meta(name.clone(), labels.clone()),
-        spec: Some(DeploymentSpec {
-            replicas: Some(g.replicas),
-            selector: LabelSelector {
-                match_labels: Some(selector.clone()),
-                ..Default::default()
-            },
-            strategy: Some(DeploymentStrategy {
-                type_: Some("RollingUpdate".into()),
-                rolling_update: Some(RollingUpdateDeployment {
-                    max_surge: Some(IntOrString::Int(1)),
-                    max_unavailable: Some(IntOrString::Int(0)),
-                }),
-            }),
-            template,
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let deployment = build_surging_deployment(
+        plan.owner.meta(name.clone(), labels.clone()),
+        g.replicas,
+        selector.clone(),
+        template,
+    );
     let service_type = match g.service.type_ {
         ServiceType::ClusterIP => "ClusterIP",
         ServiceType::NodePort => "NodePort",

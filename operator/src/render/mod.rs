@@ -6,11 +6,17 @@
 //! - [`names`]: names and labels; [`engine`]: the engine command; [`pod`]: engine pods;
 //!   [`workers`]: StatefulSets or LeaderWorkerSets, headless Services, PDBs;
 //!   [`gateway`]: the gateway and its RBAC; [`gateway_flags`]: its command line;
+//!   [`gateway_site`]: what every gateway process of a deployment shares;
+//!   [`inference_pool`]: the InferencePool, its picker and route; [`frontend`]: the
+//!   decode pods' frontend behind it;
 //!   [`model`]: model download; [`secrets`], [`token`], [`network_policy`].
 
 pub mod engine;
+pub mod frontend;
 pub mod gateway;
 pub mod gateway_flags;
+pub mod gateway_site;
+pub mod inference_pool;
 pub mod model;
 pub mod network_policy;
 pub mod overrides;
@@ -58,11 +64,15 @@ pub enum Kind {
     Deployment,
     /// networking.k8s.io/v1 NetworkPolicy.
     NetworkPolicy,
+    /// inference.networking.k8s.io/v1 InferencePool (GAIE's CRD, when installed).
+    InferencePool,
+    /// gateway.networking.k8s.io/v1 HTTPRoute (Gateway API's CRD, when installed).
+    HttpRoute,
 }
 
 impl Kind {
     /// Every kind, in apply order (identity and storage first, workloads last).
-    pub const ALL: [Kind; 12] = [
+    pub const ALL: [Kind; 14] = [
         Kind::Secret,
         Kind::ServiceAccount,
         Kind::Role,
@@ -76,7 +86,14 @@ impl Kind {
         Kind::LeaderWorkerSet,
         Kind::PodDisruptionBudget,
         Kind::Deployment,
+        // After the picker they name.
+        Kind::InferencePool,
+        Kind::HttpRoute,
     ];
+
+    /// The kinds whose CRDs a cluster may not have: applied and pruned only where the
+    /// API server serves them.
+    pub const OPTIONAL: [Kind; 3] = [Kind::LeaderWorkerSet, Kind::InferencePool, Kind::HttpRoute];
 
     /// Group, version, kind and plural.
     pub fn api_resource(self) -> ApiResource {
@@ -115,6 +132,13 @@ impl Kind {
                 "NetworkPolicy",
                 "networkpolicies",
             ),
+            Kind::InferencePool => (
+                "inference.networking.k8s.io",
+                "v1",
+                "InferencePool",
+                "inferencepools",
+            ),
+            Kind::HttpRoute => ("gateway.networking.k8s.io", "v1", "HTTPRoute", "httproutes"),
         };
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
     }
@@ -281,6 +305,7 @@ pub fn build(plan: &Plan) -> Result<Rendered, ValidateError> {
         children.extend(set.children);
     }
     children.extend(gateway::build_gateway(plan, &model_path)?);
+    children.extend(inference_pool::build_inference_pool(plan, &model_path));
     children.sort_by_key(|c| Kind::ALL.iter().position(|k| *k == c.kind));
     let scheme = if d.gateway.tls.is_some() {
         "https"
@@ -300,7 +325,7 @@ pub fn build(plan: &Plan) -> Result<Rendered, ValidateError> {
             d.gateway.service.port
         ),
         tokenizer_from_workers: d.gateway.routing.policy == RoutingPolicy::KvAware
-            && gateway::tokenizer_from_workers(plan),
+            && gateway_site::tokenizer_from_workers(plan),
         gateway_tls: d.gateway.tls.is_some(),
         revision,
     })

@@ -343,6 +343,9 @@ pub struct PodInput<'a> {
     pub drain_token: &'a str,
     /// The release of Infera's parts the pod runs, with its images.
     pub platform: &'a EnginePlatform,
+    /// A container beside the engine on the leader: the decode frontend behind an
+    /// InferencePool ([`super::frontend`]).
+    pub frontend: Option<&'a Container>,
 }
 
 /// The sidecar's `/drain` answers loopback callers and whoever presents this: the
@@ -702,12 +705,16 @@ pub fn build_pod_template(input: &PodInput<'_>) -> PodTemplateSpec {
     labels.insert("infera.amd.com/engine".into(), d.launch.word().into());
     let sched = &d.scheduling;
     let host_network = d.network.rdma.enabled && d.network.rdma.host_network;
+    let mut containers = vec![engine_container(input)];
+    if input.place == NodePlace::Leader {
+        containers.extend(input.frontend.cloned());
+    }
     let mut spec = PodSpec {
         service_account_name: Some(names::service_account(instance)),
         // The sidecar alone gets a token (`token`), and only for Kubernetes discovery.
         automount_service_account_token: Some(false),
         init_containers: (!init.is_empty()).then_some(init),
-        containers: vec![engine_container(input)],
+        containers,
         volumes: Some(volumes(plan)),
         termination_grace_period_seconds: Some(grace_period_seconds(d.engine.drain_seconds)),
         // Service env vars would collide with engine settings (a Service named
@@ -718,7 +725,7 @@ pub fn build_pod_template(input: &PodInput<'_>) -> PodTemplateSpec {
         ..placement(sched)
     };
     // The simulator is Infera's image; a vendor engine's is not.
-    let mut infera = vec!["node-env", "kvd", "sidecar"];
+    let mut infera = vec!["node-env", "kvd", "sidecar", "frontend"];
     if d.engine.image.is_none() {
         infera.push("engine");
     }

@@ -12,6 +12,7 @@
 //! template's digest in its own annotations.
 
 use super::engine::{ENGINE_PORT, EngineCommand};
+use super::frontend::build_frontend;
 use super::overrides::apply_overrides;
 use super::pod::{NodePlace, PodInput, build_pod_template, drain_token};
 use super::{Child, Kind, child};
@@ -172,6 +173,7 @@ pub fn prepare_role(
         places
             .iter()
             .map(|&place| {
+                let frontend = build_frontend(plan, role, platform);
                 let input = PodInput {
                     plan,
                     role,
@@ -179,6 +181,7 @@ pub fn prepare_role(
                     engine,
                     drain_token: &drain_token,
                     platform,
+                    frontend: frontend.as_ref(),
                 };
                 apply_overrides(build_pod_template(&input), &overrides)
             })

@@ -172,6 +172,17 @@ pub async fn install_crd_dir(client: &kube::Client, kubeconfig: &Path, dir: &Pat
     }
 }
 
+/// Installs GAIE's InferencePool CRD and Gateway API's (what `spec.gateway.inferencePool`
+/// renders into), from the folders `testenv/crds.sh` fetched.
+pub async fn install_gateway_crds(client: &kube::Client, kubeconfig: &Path) {
+    for name in ["GAIE", "GATEWAY_API"] {
+        let dir = third_party_crds(name).unwrap_or_else(|| {
+            panic!("testenv/crds.sh could not fetch the {name} CRDs; see its output")
+        });
+        install_crd_dir(client, kubeconfig, &dir).await;
+    }
+}
+
 /// Namespace of the operator's ServiceAccount in RBAC-checked runs (as the chart
 /// installs it with `-n infera-system`).
 pub const OPERATOR_NAMESPACE: &str = "infera-system";

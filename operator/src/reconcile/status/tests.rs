@@ -36,6 +36,7 @@ fn obs(roles: Vec<RoleObservation>, gateway: (i32, i32)) -> Observation {
         tokenizer: None,
         autoscaled: false,
         revision: Some("5f1c2a9e0b7d4c31".into()),
+        inference_pool: None,
     }
 }
 
