@@ -177,5 +177,5 @@ async fn our_crds_replace_the_earlier_one_and_the_converted_examples_apply() {
             applied += 1;
         }
     }
-    assert_eq!(applied, 7, "4 deployments and 3 topologies");
+    assert_eq!(applied, 9, "5 deployments and 4 topologies");
 }
