@@ -1029,6 +1029,44 @@ async fn an_inference_pool_reports_its_pickers_and_what_the_gateways_controller_
         (route.accepted, route.reason.as_deref()),
         (Some(true), Some("Accepted"))
     );
+    // The pool's own acceptance, as the controller writes it in its status.parents.
+    let pools = dyn_api(&client, &ns, Kind::InferencePool);
+    patch_status(
+        &pools,
+        "pool-mixed-pool",
+        parent("False", "Unsupported", "no InferencePool support"),
+    )
+    .await;
+    nudge(&kubeconfig, &ns, "pool-mixed", 5);
+    wait_condition(
+        &client,
+        &ns,
+        "pool-mixed",
+        "InferencePoolReady",
+        "False",
+        Some("PoolNotAccepted"),
+    )
+    .await;
+    patch_status(
+        &pools,
+        "pool-mixed-pool",
+        parent("True", "Accepted", "accepted"),
+    )
+    .await;
+    nudge(&kubeconfig, &ns, "pool-mixed", 6);
+    let d = wait_condition(
+        &client,
+        &ns,
+        "pool-mixed",
+        "InferencePoolReady",
+        "True",
+        Some("Ready"),
+    )
+    .await;
+    assert_eq!(
+        d.status.unwrap().inference_pool.unwrap().pool_accepted,
+        Some(true)
+    );
     // Taking the field out prunes the pool, the route and the picker.
     let (ok, _, err) = kubectl(
         &kubeconfig,

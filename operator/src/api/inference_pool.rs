@@ -133,6 +133,10 @@ pub struct InferencePoolStatus {
     pub picker_replicas: i32,
     /// Of those, the ones serving gRPC health.
     pub picker_ready_replicas: i32,
+    /// Whether the Gateway controllers that took the InferencePool up accepted it
+    /// (its `status.parents`, `Accepted`): absent until one has written it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_accepted: Option<bool>,
     /// The HTTPRoute, when `gatewayRef` is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route: Option<RouteStatus>,

@@ -75,7 +75,12 @@ pub async fn fetch_pool_status(
         }
         None => None,
     };
+    let pool_object = applied
+        .iter()
+        .find(|a| a.kind == Kind::InferencePool)
+        .and_then(|a| serde_json::to_value(&a.object).ok());
     crate::api::InferencePoolStatus {
+        pool_accepted: super::pool_status::build_pool_accepted(pool_object.as_ref()),
         pool: names::inference_pool(name),
         picker_replicas: pool.picker_replicas,
         picker_ready_replicas: applied

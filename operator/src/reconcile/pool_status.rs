@@ -42,6 +42,22 @@ pub fn build_route_status(
     }
 }
 
+/// Whether the controllers in the InferencePool's `status.parents` accepted it: true
+/// when one's `Accepted` is True, false when some wrote it and none is, absent when
+/// none wrote it.
+pub fn build_pool_accepted(pool: Option<&Value>) -> Option<bool> {
+    let accepted: Vec<bool> = pool
+        .and_then(|p| p.pointer("/status/parents"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p["conditions"].as_array().into_iter().flatten())
+        .filter(|c| c["type"].as_str() == Some("Accepted"))
+        .map(|c| c["status"].as_str() == Some("True"))
+        .collect();
+    (!accepted.is_empty()).then(|| accepted.contains(&true))
+}
+
 /// The `InferencePoolReady` condition: whether, reason, message.
 pub fn pool_condition(status: &InferencePoolStatus) -> (bool, &'static str, String) {
     let pickers = format!(
@@ -55,6 +71,16 @@ pub fn pool_condition(status: &InferencePoolStatus) -> (bool, &'static str, Stri
             format!(
                 "{pickers} (Service {}): the Gateway cannot route to InferencePool {} until one serves",
                 status.picker, status.pool
+            ),
+        );
+    }
+    if status.pool_accepted == Some(false) {
+        return (
+            false,
+            "PoolNotAccepted",
+            format!(
+                "{pickers}; no Gateway controller accepted InferencePool {} (its status.parents): see kubectl describe inferencepool {}",
+                status.pool, status.pool
             ),
         );
     }
@@ -137,12 +163,31 @@ mod tests {
             picker: "m-epp".into(),
             picker_replicas: 2,
             picker_ready_replicas: 2,
+            pool_accepted: None,
             route: Some(s),
         };
         let (ok, reason, message) = pool_condition(&status);
         assert!(!ok);
         assert_eq!(reason, "RouteNotAccepted");
         assert!(message.contains("no listener allows routes"), "{message}");
+    }
+
+    #[test]
+    fn the_pool_is_accepted_when_one_parent_accepts_it() {
+        assert_eq!(build_pool_accepted(None), None);
+        assert_eq!(build_pool_accepted(Some(&route(json!([])))), None);
+        let refused = json!({ "parentRef": { "name": "a" },
+            "conditions": [ { "type": "Accepted", "status": "False", "reason": "Unsupported" } ] });
+        let accepted = json!({ "parentRef": { "name": "b" },
+            "conditions": [ { "type": "Accepted", "status": "True" } ] });
+        assert_eq!(
+            build_pool_accepted(Some(&route(json!([refused])))),
+            Some(false)
+        );
+        assert_eq!(
+            build_pool_accepted(Some(&route(json!([refused, accepted])))),
+            Some(true)
+        );
     }
 
     #[test]
@@ -162,6 +207,7 @@ mod tests {
             picker: "m-epp".into(),
             picker_replicas: 2,
             picker_ready_replicas: 0,
+            pool_accepted: None,
             route: Some(build_route_status("m-route", None, ("app", "gw"), false)),
         };
         assert_eq!(pool_condition(&status).1, "PickerNotReady");
@@ -170,6 +216,9 @@ mod tests {
         status.route = Some(build_route_status("m-route", None, ("app", "gw"), true));
         assert_eq!(pool_condition(&status).1, "RoutePending");
         status.route = None;
+        status.pool_accepted = Some(false);
+        assert_eq!(pool_condition(&status).1, "PoolNotAccepted");
+        status.pool_accepted = Some(true);
         assert_eq!(pool_condition(&status), (true, "Ready", "1 of 2 endpoint picker pods ready; InferencePool m-pool is ready for an HTTPRoute of yours (no spec.gateway.inferencePool.gatewayRef)".into()));
     }
 }

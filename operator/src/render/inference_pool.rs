@@ -53,6 +53,25 @@ fn endpoint_role(plan: &Plan) -> Role {
     }
 }
 
+/// The label LeaderWorkerSet gives each pod of a group: its index, 0 for the leader.
+const LWS_WORKER_INDEX: &str = "leaderworkerset.sigs.k8s.io/worker-index";
+
+/// The pool's pods: the endpoint role's, and of a worker spanning nodes its leader
+/// alone (the one that serves; followers run the engine's other ranks).
+fn pool_selector(plan: &Plan) -> BTreeMap<String, String> {
+    let role = endpoint_role(plan);
+    let mut labels = names::role_selector(&plan.owner.name, role);
+    let spans_nodes = plan
+        .deployment
+        .roles
+        .iter()
+        .any(|r| r.role == role && r.parallelism.nodes_per_worker > 1);
+    if spans_nodes {
+        labels.insert(LWS_WORKER_INDEX.into(), "0".into());
+    }
+    labels
+}
+
 /// The pool's target port: the decode frontends', else the engines'.
 pub fn target_port(plan: &Plan) -> u16 {
     plan.deployment.frontend_port().unwrap_or(ENGINE_PORT)
@@ -279,7 +298,7 @@ fn inference_pool(plan: &Plan, pool: &InferencePoolSpec) -> Child {
         Kind::InferencePool,
         names::inference_pool(instance),
         json!({
-            "selector": { "matchLabels": names::role_selector(instance, endpoint_role(plan)) },
+            "selector": { "matchLabels": pool_selector(plan) },
             "targetPorts": [ { "number": target_port(plan) } ],
             "endpointPickerRef": {
                 "group": "",

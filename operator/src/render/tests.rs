@@ -1977,3 +1977,16 @@ fn an_inference_pool_renders_its_picker_pool_route_and_decode_frontends() {
         json!(["get", "list", "watch", "patch"])
     );
 }
+
+#[test]
+fn a_pool_over_workers_spanning_nodes_selects_their_leaders() {
+    let (mut deps, topos) = load(&repo().join("examples/multi-node-worker/deployment.yaml"));
+    deps[0].spec.gateway.inference_pool = Some(crate::api::InferencePoolSpec::default());
+    let r = render_example(&deps[0], &topos, true);
+    let name = deps[0].metadata.name.clone().unwrap();
+    let pool = find(&r, Kind::InferencePool, &format!("{name}-pool"));
+    assert_eq!(
+        pool["spec"]["selector"]["matchLabels"]["leaderworkerset.sigs.k8s.io/worker-index"], "0",
+        "{pool}"
+    );
+}
