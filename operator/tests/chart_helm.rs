@@ -218,12 +218,26 @@ fn the_chart_lints_strictly_and_renders_with_every_values_file() {
             .join("charts/infera/ci/monitoring.yaml")
             .to_string_lossy(),
     ]);
-    assert!(docs.iter().any(|d| d["kind"] == "PodMonitor"));
+    let engines = find(&docs, "PodMonitor", "infera-engines");
+    let ports: Vec<&str> = engines["spec"]["podMetricsEndpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["port"].as_str())
+        .collect();
+    assert_eq!(ports, ["http", "sidecar", "kvd-metrics", "frontend"]);
     let plain = find(&docs, "ServiceMonitor", "infera");
     assert!(
         plain["spec"]["selector"]
             .to_string()
             .contains(r#"{"key":"infera.amd.com/metrics-access","operator":"DoesNotExist"}"#),
+        "{plain}"
+    );
+    // The endpoint pickers' Services (component picker) with the gateways'.
+    assert!(
+        plain["spec"]["selector"]
+            .to_string()
+            .contains(r#""values":["operator","gateway","picker"]"#),
         "{plain}"
     );
     let secured = &find(&docs, "ServiceMonitor", "infera-secured-gateways")["spec"];
