@@ -12,7 +12,7 @@ use serde_json::Value;
 pub struct EnvoyGateway {
     /// `duplex`: FULL_DUPLEX_STREAMED, failing open or closed as the pool says.
     pub duplex: Gateway,
-    /// `buffered`: BUFFERED, FailOpen.
+    /// `buffered`: BUFFERED, failing open or closed as the pool says.
     pub buffered: Gateway,
 }
 
@@ -65,11 +65,36 @@ impl Cluster {
             .picker_service
             .clone()
             .unwrap_or_else(|| picker["name"].as_str().unwrap_or_default().to_owned());
-        let manifest = template
-            .replace("{name}", name)
-            .replace("{namespace}", namespace)
+        // The picker Service's selector; one matching nothing when it does not exist.
+        let picker_selector = match self
+            .get_json(&["get", "service", &picker_service, "-n", namespace])
+            .await
+        {
+            Ok(svc) => flow_mapping(
+                &svc["spec"]["selector"]
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default(),
+            ),
+            Err(_) => format!("{{app.kubernetes.io/name: \"{picker_service}\"}}"),
+        };
+        // The bootstrap's ConfigMap is named by its content: a changed one is a new
+        // ConfigMap and so a new pod that reads it (an updated ConfigMap reaches a new
+        // pod only once the kubelet's copy has caught up).
+        let filled = template
             .replace("{fail_open}", if fail_open { "true" } else { "false" })
             .replace("{picker_service}", &picker_service)
+            .replace("{picker_selector}", &picker_selector);
+        let digest = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            filled.hash(&mut h);
+            format!("{:08x}", h.finish() & 0xffff_ffff)
+        };
+        let manifest = filled
+            .replace("{name}-bootstrap", &format!("{name}-bootstrap-{digest}"))
+            .replace("{name}", name)
+            .replace("{namespace}", namespace)
             .replace(
                 "{pool_dns}",
                 &format!("{name}-pool.{namespace}.svc.cluster.local"),
@@ -77,9 +102,6 @@ impl Cluster {
             .replace("{target_port}", &port.to_string())
             .replace("{pool_selector}", &flow_mapping(&labels));
         self.apply(namespace, &manifest).await?;
-        // A changed bootstrap (another failure mode) takes a new pod.
-        self.kubectl(&["rollout", "restart", "deployment", name, "-n", namespace])
-            .await?;
         self.kubectl(&[
             "rollout",
             "status",
@@ -106,27 +128,79 @@ impl Cluster {
             duplex: Gateway::new(format!("http://127.0.0.1:{}", node_port("duplex")))?,
             buffered: Gateway::new(format!("http://127.0.0.1:{}", node_port("buffered")))?,
         };
-        // Serving once Envoy's pool cluster has resolved the pods: a models list goes
-        // through (the picker's pick, or Envoy's own when no picker answers).
-        let probe = if options.picker_service.is_some() {
-            &envoy.buffered
-        } else {
-            &envoy.duplex
-        };
+        // Ready once its pool cluster has resolved the pool's pods (its admin, on the
+        // pod's address), and, with a picker, once a request goes through it.
+        let selector = format!("app.kubernetes.io/name={name}");
         eventually(
             self,
             namespace,
-            "Envoy serving the pool",
+            "Envoy's pool cluster resolved",
             ROLLOUT,
             || async {
-                match probe.get("/v1/models").await {
-                    Ok((200, _)) => Ok(()),
-                    Ok((status, body)) => Err(format!("{status}: {body}")),
-                    Err(e) => Err(e.to_string()),
+                let pods = self
+                    .pods(namespace, &selector)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let ip = pods
+                    .iter()
+                    .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+                    .find(|p| {
+                        p["status"]["conditions"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                    })
+                    .and_then(|p| p["status"]["podIP"].as_str())
+                    .ok_or("no ready Envoy pod")?
+                    .to_owned();
+                let admin = Gateway::new(format!("http://{ip}:9901")).map_err(|e| e.to_string())?;
+                let (_, clusters) = admin.get("/clusters").await.map_err(|e| e.to_string())?;
+                if clusters
+                    .lines()
+                    .any(|l| l.starts_with("inference_pool::10."))
+                {
+                    Ok(())
+                } else {
+                    Err("no pool host yet".into())
                 }
             },
         )
         .await?;
+        // Its Service's NodePort routes to it (kube-proxy has caught up): both listeners
+        // answer, whatever they answer without a picker.
+        for (listener, gateway) in [("duplex", &envoy.duplex), ("buffered", &envoy.buffered)] {
+            eventually(
+                self,
+                namespace,
+                &format!("Envoy's {listener} listener on its NodePort"),
+                ROLLOUT,
+                || async {
+                    gateway
+                        .get("/v1/models")
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                },
+            )
+            .await?;
+        }
+        if options.picker_service.is_none() {
+            eventually(
+                self,
+                namespace,
+                "Envoy serving through the picker",
+                ROLLOUT,
+                || async {
+                    match envoy.duplex.get("/v1/models").await {
+                        Ok((200, _)) => Ok(()),
+                        Ok((status, body)) => Err(format!("{status}: {body}")),
+                        Err(e) => Err(e.to_string()),
+                    }
+                },
+            )
+            .await?;
+        }
         Ok(envoy)
     }
 

@@ -100,9 +100,10 @@ async fn mixed_workers_serve_through_envoy_and_the_operators_inference_pool() {
         ROLLOUT,
         || async {
             let idep = status_pool(&cluster, ns, name).await;
+            let ready = idep["status"]["inferencePool"]["pickerReadyReplicas"].clone();
             match condition(&idep, "InferencePoolReady") {
-                Some(c) if c["reason"] == "GatewayNotFound" => Ok(idep),
-                other => Err(format!("{other:?}")),
+                Some(c) if c["reason"] == "GatewayNotFound" && ready == 2 => Ok(idep),
+                other => Err(format!("{other:?}, pickers ready {ready}")),
             }
         },
     )
@@ -209,8 +210,18 @@ async fn mixed_workers_serve_through_envoy_and_the_operators_inference_pool() {
     }
 
     // One picker pod deleted under load: the other picks, no request fails.
+    let before: u64 = picks(&pickers).await.values().sum();
     let load = Load::start(&envoy.duplex, MODEL, 2, 8);
-    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    eventually(&cluster, ns, "the load picked", ROLLOUT, || async {
+        let now: u64 = picks(&pickers).await.values().sum();
+        if now >= before + 6 {
+            Ok(())
+        } else {
+            Err(format!("{} picks", now - before))
+        }
+    })
+    .await
+    .unwrap();
     cluster
         .kubectl(&["delete", "pod", &pickers[0].0, "-n", ns, "--wait=true"])
         .await
@@ -276,9 +287,9 @@ async fn mixed_workers_serve_through_envoy_and_the_operators_inference_pool() {
     .await
     .unwrap();
 
-    // The pool says FailClose: with no picker answering, Envoy refuses at once. Told
-    // FailOpen, it serves on its own (the buffered listener: Envoy 1.40 does not fail
-    // open a full-duplex exchange).
+    // No picker answering: the pool says FailClose, and Envoy configured from it
+    // refuses; once it says FailOpen, Envoy serves on its own. (The buffered listener:
+    // Envoy 1.40 does not fail open a full-duplex exchange, whatever it is told.)
     let no_picker = EnvoyOptions {
         picker_service: Some("no-such-picker".into()),
     };
@@ -286,12 +297,17 @@ async fn mixed_workers_serve_through_envoy_and_the_operators_inference_pool() {
         .envoy_for_pool(ns, "envoy-closed", &format!("{name}-pool"), &no_picker)
         .await
         .unwrap();
-    let (status, body) = closed
-        .duplex
-        .send("/v1/chat/completions", &chat("no picker", false))
-        .await
-        .unwrap();
-    assert!(status >= 500, "FailClose without a picker: {status} {body}");
+    // Refused at once on both listeners: a 500, or Envoy closing the connection while
+    // the body is still being sent (it answers before reading it).
+    for gateway in [&closed.buffered, &closed.duplex] {
+        match gateway
+            .send("/v1/chat/completions", &chat("no picker", false))
+            .await
+        {
+            Ok((status, body)) => assert!(status >= 500, "FailClose: {status} {body}"),
+            Err(e) => assert!(e.to_string().contains("error sending request"), "{e}"),
+        }
+    }
     cluster
         .kubectl(&[
             "patch",
@@ -319,8 +335,10 @@ async fn mixed_workers_serve_through_envoy_and_the_operators_inference_pool() {
     })
     .await
     .unwrap();
+    // A gateway of its own, so no request can reach the FailClose one's pod while its
+    // replacement rolls in.
     let open = cluster
-        .envoy_for_pool(ns, "envoy-closed", &format!("{name}-pool"), &no_picker)
+        .envoy_for_pool(ns, "envoy-open", &format!("{name}-pool"), &no_picker)
         .await
         .unwrap();
     let (status, body) = open

@@ -943,7 +943,7 @@ async fn an_inference_pool_reports_its_pickers_and_what_the_gateways_controller_
     );
     let route = status.route.unwrap();
     assert_eq!(route.gateway, format!("{ns}/inference-gateway"));
-    assert!(!route.gateway_found);
+    assert_eq!(route.gateway_found, Some(false));
     // The user's Gateway appears; its controller has not looked at the route yet.
     let gateways = Api::<DynamicObject>::namespaced_with(
         client.clone(),
@@ -1086,6 +1086,11 @@ async fn an_inference_pool_reports_its_pickers_and_what_the_gateways_controller_
         (Kind::InferencePool, "pool-mixed-pool"),
         (Kind::HttpRoute, "pool-mixed-route"),
         (Kind::Deployment, "pool-mixed-epp"),
+        (Kind::Service, "pool-mixed-epp"),
+        (Kind::ServiceAccount, "pool-mixed-epp"),
+        (Kind::Role, "pool-mixed-epp"),
+        (Kind::RoleBinding, "pool-mixed-epp"),
+        (Kind::PodDisruptionBudget, "pool-mixed-epp"),
     ] {
         let api = dyn_api(&client, &ns, kind);
         eventually(&format!("{kind:?} {name} pruned"), WAIT, || async {

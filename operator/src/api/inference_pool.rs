@@ -41,11 +41,17 @@ pub struct GatewayParentRef {
     /// Its namespace (default the deployment's). A Gateway in another namespace must
     /// allow routes from this one (`allowedRoutes`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 63))]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
     pub namespace: Option<String>,
     /// One listener of it (default all that accept the route).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 253))]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
     pub section_name: Option<String>,
 }
 
@@ -76,7 +82,9 @@ pub struct InferencePoolSpec {
     pub max_inflight_per_worker: u32,
     /// Prefill/decode: the port of the direct-mode frontend in each decode pod, the
     /// pool's target port (default 8200). Mixed workers are the pool's endpoints
-    /// themselves, on the engine port.
+    /// themselves, on the engine port. The frontend runs the gateway image of the engine
+    /// pods' platform release (not `spec.gateway.image`), with a command line that no
+    /// routing setting changes, so tuning the gateway restarts no engine.
     #[serde(default = "frontend_port")]
     #[schemars(range(min = 1, max = 65535))]
     pub frontend_port: i32,
@@ -84,9 +92,19 @@ pub struct InferencePoolSpec {
     /// HTTPRoute (the user routes to the InferencePool).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway_ref: Option<GatewayParentRef>,
-    /// Hostnames the HTTPRoute matches (default any).
+    /// Hostnames the HTTPRoute matches (default any), as Gateway API writes them:
+    /// lower-case DNS names, optionally starting with `*.`, no port. Two pools behind one
+    /// Gateway listener need different hostnames: for the same path the older route wins.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 16))]
+    #[schemars(
+        length(max = 16),
+        inner(
+            length(min = 1, max = 253),
+            regex(
+                pattern = r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+            )
+        )
+    )]
     pub hostnames: Vec<String>,
     /// CPU and memory of a picker pod (default 250m and 128Mi, limit 1Gi).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -150,10 +168,12 @@ pub struct RouteStatus {
     pub name: String,
     /// `namespace/name` of the Gateway it attaches to.
     pub gateway: String,
-    /// Whether that Gateway exists.
-    pub gateway_found: bool,
+    /// Whether that Gateway exists (absent: it could not be read, see the condition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_found: Option<bool>,
     /// The `Accepted` condition its controller wrote in `status.parents` for that
-    /// Gateway; absent until one has.
+    /// Gateway (false also when `ResolvedRefs` is False: the pool is not a backend it
+    /// can route to); absent until one has, or while it says Unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accepted: Option<bool>,
     /// That condition's reason and message.

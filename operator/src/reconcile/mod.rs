@@ -220,6 +220,7 @@ fn missing_crd(kind: Kind) -> (String, String) {
             "GatewayApiCrdMissing",
             "spec.gateway.inferencePool.gatewayRef needs Gateway API's HTTPRoute CRD (gateway.networking.k8s.io/v1); install Gateway API (a Gateway implementation brings it) and the operator renders the route",
         ),
+        // Kind::LeaderWorkerSet, the one other optional kind.
         _ => (
             "LeaderWorkerSetMissing",
             "a worker spans nodes (nodesPerWorker > 1), which needs the LeaderWorkerSet CRD (leaderworkerset.x-k8s.io/v1); install LWS (https://lws.sigs.k8s.io) and the operator renders the workers",
@@ -551,6 +552,7 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
                 autoscaled: idep.spec.autoscaling.is_some(),
                 revision: None,
                 inference_pool: None,
+                missing_crds: Vec::new(),
             };
             write_status(ctx, idep, &namespace, &obs).await?;
             return Ok(Action::requeue(Duration::from_secs(300)));
@@ -573,6 +575,7 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
                 autoscaled: idep.spec.autoscaling.is_some(),
                 revision: None,
                 inference_pool: None,
+                missing_crds: Vec::new(),
             };
             write_status(ctx, idep, &namespace, &obs).await?;
             return Err(e);
@@ -625,13 +628,14 @@ async fn reconcile_inner(idep: &InferaDeployment, ctx: &Context) -> Result<Actio
         autoscaled: idep.spec.autoscaling.is_some(),
         revision: Some(rendered.revision.clone()),
         inference_pool,
+        missing_crds: missing.clone(),
     };
     let ready_reason = write_status(ctx, idep, &namespace, &obs).await?;
     let mut requeue = build_requeue(&ready_reason, crd_missing);
     if obs
         .inference_pool
         .as_ref()
-        .is_some_and(|p| !pool_status::pool_condition(p).0)
+        .is_some_and(|p| !pool_status::pool_condition(p, &obs.missing_crds).0)
     {
         // Nothing the operator watches changes when a Gateway's controller accepts the
         // route or the Gateway is created.

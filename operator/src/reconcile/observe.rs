@@ -31,19 +31,20 @@ pub async fn served(client: &Client, kind: Kind) -> bool {
     }
 }
 
-/// Whether the Gateway `namespace/name` (gateway.networking.k8s.io/v1) exists; false
-/// too when it cannot be read (Gateway API not installed, or no access).
-pub async fn gateway_exists(client: &Client, namespace: &str, name: &str) -> bool {
+/// Whether the Gateway `namespace/name` (gateway.networking.k8s.io/v1) exists; `None`
+/// when it cannot be read (Gateway API not installed, or no `get` on gateways there:
+/// a namespaced install reads only its own namespace).
+pub async fn gateway_exists(client: &Client, namespace: &str, name: &str) -> Option<bool> {
     let ar = kube::core::ApiResource::from_gvk_with_plural(
         &kube::core::GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", "Gateway"),
         "gateways",
     );
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &ar);
     match api.get_opt(name).await {
-        Ok(found) => found.is_some(),
+        Ok(found) => Some(found.is_some()),
         Err(e) => {
             tracing::debug!("reading Gateway {namespace}/{name}: {e}");
-            false
+            None
         }
     }
 }

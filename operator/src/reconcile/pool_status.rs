@@ -3,18 +3,36 @@
 //! controller writes it in `status.parents` (the operator never writes it).
 
 use crate::api::{InferencePoolStatus, RouteStatus};
+use crate::render::Kind;
 use serde_json::Value;
 
+/// What a controller's `Accepted` and `ResolvedRefs` conditions say of a parent entry:
+/// accepted (and its references resolved), refused (with that condition), or nothing
+/// yet (absent, or Unknown).
+fn parent_verdict(conditions: &[Value]) -> Option<(bool, &Value)> {
+    let find = |t: &str| conditions.iter().find(|c| c["type"].as_str() == Some(t));
+    let accepted = find("Accepted")?;
+    match accepted["status"].as_str() {
+        Some("True") => match find("ResolvedRefs") {
+            Some(r) if r["status"].as_str() == Some("False") => Some((false, r)),
+            _ => Some((true, accepted)),
+        },
+        Some("False") => Some((false, accepted)),
+        _ => None,
+    }
+}
+
 /// The route's standing toward the Gateway `namespace/name`, from the HTTPRoute as the
-/// API server returned it (with its status) and whether that Gateway exists.
+/// API server returned it (with its status) and whether that Gateway exists (`None`:
+/// it could not be read).
 pub fn build_route_status(
     name: &str,
     route: Option<&Value>,
     gateway: (&str, &str),
-    gateway_found: bool,
+    gateway_found: Option<bool>,
 ) -> RouteStatus {
     let (namespace, gw) = gateway;
-    let accepted = route
+    let conditions: Vec<Value> = route
         .and_then(|r| r.pointer("/status/parents"))
         .and_then(Value::as_array)
         .into_iter()
@@ -24,11 +42,12 @@ pub fn build_route_status(
             parent["name"].as_str() == Some(gw)
                 && parent["namespace"].as_str().unwrap_or(namespace) == namespace
         })
-        .flat_map(|p| p["conditions"].as_array().into_iter().flatten())
-        .find(|c| c["type"].as_str() == Some("Accepted"));
+        .flat_map(|p| p["conditions"].as_array().cloned().unwrap_or_default())
+        .collect();
+    let verdict = parent_verdict(&conditions);
     let text = |key: &str| {
-        accepted
-            .and_then(|c| c[key].as_str())
+        verdict
+            .and_then(|(_, c)| c[key].as_str())
             .filter(|s| !s.is_empty())
             .map(str::to_owned)
     };
@@ -36,34 +55,49 @@ pub fn build_route_status(
         name: name.to_owned(),
         gateway: format!("{namespace}/{gw}"),
         gateway_found,
-        accepted: accepted.map(|c| c["status"].as_str() == Some("True")),
+        accepted: verdict.map(|(ok, _)| ok),
         reason: text("reason"),
         message: text("message"),
     }
 }
 
 /// Whether the controllers in the InferencePool's `status.parents` accepted it: true
-/// when one's `Accepted` is True, false when some wrote it and none is, absent when
-/// none wrote it.
+/// when one did (its references resolved), false when some decided and none did,
+/// absent when none has decided.
 pub fn build_pool_accepted(pool: Option<&Value>) -> Option<bool> {
-    let accepted: Vec<bool> = pool
+    let verdicts: Vec<bool> = pool
         .and_then(|p| p.pointer("/status/parents"))
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .flat_map(|p| p["conditions"].as_array().into_iter().flatten())
-        .filter(|c| c["type"].as_str() == Some("Accepted"))
-        .map(|c| c["status"].as_str() == Some("True"))
+        .filter_map(|p| {
+            let conditions = p["conditions"].as_array().cloned().unwrap_or_default();
+            parent_verdict(&conditions).map(|(ok, _)| ok)
+        })
         .collect();
-    (!accepted.is_empty()).then(|| accepted.contains(&true))
+    (!verdicts.is_empty()).then(|| verdicts.contains(&true))
 }
 
-/// The `InferencePoolReady` condition: whether, reason, message.
-pub fn pool_condition(status: &InferencePoolStatus) -> (bool, &'static str, String) {
+/// The `InferencePoolReady` condition: whether, reason, message. `missing` names the
+/// optional kinds whose CRDs the cluster lacks (nothing of them was applied).
+pub fn pool_condition(
+    status: &InferencePoolStatus,
+    missing: &[Kind],
+) -> (bool, &'static str, String) {
     let pickers = format!(
         "{} of {} endpoint picker pods ready",
         status.picker_ready_replicas, status.picker_replicas
     );
+    if missing.contains(&Kind::InferencePool) {
+        return (
+            false,
+            "InferencePoolCrdMissing",
+            format!(
+                "{pickers}; InferencePool {} is not created: the cluster has no InferencePool CRD (inference.networking.k8s.io/v1)",
+                status.pool
+            ),
+        );
+    }
     if status.picker_ready_replicas == 0 {
         return (
             false,
@@ -94,26 +128,28 @@ pub fn pool_condition(status: &InferencePoolStatus) -> (bool, &'static str, Stri
             ),
         );
     };
-    if !route.gateway_found {
+    if missing.contains(&Kind::HttpRoute) {
         return (
             false,
-            "GatewayNotFound",
+            "GatewayApiCrdMissing",
             format!(
-                "{pickers}; HTTPRoute {} names Gateway {}, which does not exist: create it, or correct spec.gateway.inferencePool.gatewayRef",
-                route.name, route.gateway
+                "{pickers}; HTTPRoute {} is not created: the cluster has no HTTPRoute CRD (gateway.networking.k8s.io/v1)",
+                route.name
             ),
         );
     }
-    match route.accepted {
-        None => (
-            false,
-            "RoutePending",
+    // What the Gateway's controller wrote wins: it has read the Gateway, whether or not
+    // this operator may.
+    match (route.accepted, route.gateway_found) {
+        (Some(true), _) => (
+            true,
+            "Ready",
             format!(
-                "{pickers}; no controller of Gateway {} has written HTTPRoute {}'s status yet (is a Gateway API implementation with InferencePool support installed?)",
+                "{pickers}; Gateway {} accepted HTTPRoute {}",
                 route.gateway, route.name
             ),
         ),
-        Some(false) => (
+        (Some(false), _) => (
             false,
             "RouteNotAccepted",
             format!(
@@ -124,12 +160,26 @@ pub fn pool_condition(status: &InferencePoolStatus) -> (bool, &'static str, Stri
                 route.message.as_deref().unwrap_or("no message")
             ),
         ),
-        Some(true) => (
-            true,
-            "Ready",
+        (None, Some(false)) => (
+            false,
+            "GatewayNotFound",
             format!(
-                "{pickers}; Gateway {} accepted HTTPRoute {}",
-                route.gateway, route.name
+                "{pickers}; HTTPRoute {} names Gateway {}, which does not exist: create it, or correct spec.gateway.inferencePool.gatewayRef",
+                route.name, route.gateway
+            ),
+        ),
+        (None, found) => (
+            false,
+            "RoutePending",
+            format!(
+                "{pickers}; no controller of Gateway {} has written HTTPRoute {}'s status yet{} (is a Gateway API implementation with InferencePool support installed?)",
+                route.gateway,
+                route.name,
+                if found.is_none() {
+                    " (the operator cannot read that Gateway: no get on gateways in its namespace)"
+                } else {
+                    ""
+                }
             ),
         ),
     }
@@ -154,7 +204,7 @@ mod tests {
                               { "type": "Accepted", "status": "False", "reason": "NotAllowedByListeners",
                                 "message": "no listener allows routes from namespace app" } ] }
         ]));
-        let s = build_route_status("m-route", Some(&r), ("gw", "inference"), true);
+        let s = build_route_status("m-route", Some(&r), ("gw", "inference"), Some(true));
         assert_eq!(s.accepted, Some(false));
         assert_eq!(s.reason.as_deref(), Some("NotAllowedByListeners"));
         assert_eq!(s.gateway, "gw/inference");
@@ -166,7 +216,7 @@ mod tests {
             pool_accepted: None,
             route: Some(s),
         };
-        let (ok, reason, message) = pool_condition(&status);
+        let (ok, reason, message) = pool_condition(&status, &[]);
         assert!(!ok);
         assert_eq!(reason, "RouteNotAccepted");
         assert!(message.contains("no listener allows routes"), "{message}");
@@ -196,7 +246,7 @@ mod tests {
             { "parentRef": { "name": "inference" },
               "conditions": [ { "type": "Accepted", "status": "True", "reason": "Accepted" } ] }
         ]));
-        let s = build_route_status("m-route", Some(&r), ("app", "inference"), true);
+        let s = build_route_status("m-route", Some(&r), ("app", "inference"), Some(true));
         assert_eq!(s.accepted, Some(true));
     }
 
@@ -208,17 +258,73 @@ mod tests {
             picker_replicas: 2,
             picker_ready_replicas: 0,
             pool_accepted: None,
-            route: Some(build_route_status("m-route", None, ("app", "gw"), false)),
+            route: Some(build_route_status(
+                "m-route",
+                None,
+                ("app", "gw"),
+                Some(false),
+            )),
         };
-        assert_eq!(pool_condition(&status).1, "PickerNotReady");
+        assert_eq!(pool_condition(&status, &[]).1, "PickerNotReady");
         status.picker_ready_replicas = 1;
-        assert_eq!(pool_condition(&status).1, "GatewayNotFound");
-        status.route = Some(build_route_status("m-route", None, ("app", "gw"), true));
-        assert_eq!(pool_condition(&status).1, "RoutePending");
+        assert_eq!(pool_condition(&status, &[]).1, "GatewayNotFound");
+        status.route = Some(build_route_status(
+            "m-route",
+            None,
+            ("app", "gw"),
+            Some(true),
+        ));
+        assert_eq!(pool_condition(&status, &[]).1, "RoutePending");
         status.route = None;
         status.pool_accepted = Some(false);
-        assert_eq!(pool_condition(&status).1, "PoolNotAccepted");
+        assert_eq!(pool_condition(&status, &[]).1, "PoolNotAccepted");
         status.pool_accepted = Some(true);
-        assert_eq!(pool_condition(&status), (true, "Ready", "1 of 2 endpoint picker pods ready; InferencePool m-pool is ready for an HTTPRoute of yours (no spec.gateway.inferencePool.gatewayRef)".into()));
+        assert_eq!(pool_condition(&status, &[]), (true, "Ready", "1 of 2 endpoint picker pods ready; InferencePool m-pool is ready for an HTTPRoute of yours (no spec.gateway.inferencePool.gatewayRef)".into()));
+    }
+
+    #[test]
+    fn unresolved_refs_refuse_unknown_waits_and_a_written_verdict_beats_an_unreadable_gateway() {
+        // Accepted, but the pool is not a backend this implementation routes to.
+        let r = route(json!([{ "parentRef": { "name": "gw" }, "conditions": [
+            { "type": "Accepted", "status": "True" },
+            { "type": "ResolvedRefs", "status": "False", "reason": "InvalidKind", "message": "InferencePool is not supported" } ] }]));
+        let s = build_route_status("m-route", Some(&r), ("app", "gw"), None);
+        assert_eq!(
+            (s.accepted, s.reason.as_deref()),
+            (Some(false), Some("InvalidKind"))
+        );
+        let unknown = route(json!([{ "parentRef": { "name": "gw" }, "conditions": [
+            { "type": "Accepted", "status": "Unknown", "reason": "Pending" } ] }]));
+        let s = build_route_status("m-route", Some(&unknown), ("app", "gw"), None);
+        assert_eq!(s.accepted, None);
+        let mut status = InferencePoolStatus {
+            pool: "m-pool".into(),
+            picker: "m-epp".into(),
+            picker_replicas: 1,
+            picker_ready_replicas: 1,
+            pool_accepted: None,
+            route: Some(s),
+        };
+        let (_, reason, message) = pool_condition(&status, &[]);
+        assert_eq!(reason, "RoutePending");
+        assert!(message.contains("cannot read that Gateway"), "{message}");
+        let ok = route(json!([{ "parentRef": { "name": "gw" }, "conditions": [
+            { "type": "Accepted", "status": "True" } ] }]));
+        status.route = Some(build_route_status(
+            "m-route",
+            Some(&ok),
+            ("app", "gw"),
+            None,
+        ));
+        assert_eq!(pool_condition(&status, &[]).1, "Ready");
+        // A missing CRD is said first (nothing of it was applied).
+        assert_eq!(
+            pool_condition(&status, &[Kind::InferencePool]).1,
+            "InferencePoolCrdMissing"
+        );
+        assert_eq!(
+            pool_condition(&status, &[Kind::HttpRoute]).1,
+            "GatewayApiCrdMissing"
+        );
     }
 }

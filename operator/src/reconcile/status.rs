@@ -69,6 +69,8 @@ pub struct Observation {
     pub revision: Option<String>,
     /// The InferencePool's picker and route (with `spec.gateway.inferencePool`).
     pub inference_pool: Option<crate::api::InferencePoolStatus>,
+    /// Optional kinds the build needs whose CRDs the cluster lacks.
+    pub missing_crds: Vec<crate::render::Kind>,
 }
 
 fn condition(
@@ -357,12 +359,25 @@ pub fn compute_status(
         };
         conditions.push(cond("PlatformCurrent", ok, reason, message));
     }
+    // A failed build observes nothing of the pool: what was seen last stays.
+    let inference_pool = match (&obs.inference_pool, &obs.roles) {
+        (Some(pool), _) => Some(pool.clone()),
+        (None, None) => prev.inference_pool.clone(),
+        (None, Some(_)) => None,
+    };
     if let Some(pool) = &obs.inference_pool {
-        let (ok, reason, message) = super::pool_status::pool_condition(pool);
+        let (ok, reason, message) = super::pool_status::pool_condition(pool, &obs.missing_crds);
         conditions.push(cond("InferencePoolReady", ok, reason, message));
+    } else if inference_pool.is_some()
+        && let Some(c) = prev
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "InferencePoolReady")
+    {
+        conditions.push(c.clone());
     }
     InferaDeploymentStatus {
-        inference_pool: obs.inference_pool.clone(),
+        inference_pool,
         platform,
         observed_generation: generation,
         conditions,

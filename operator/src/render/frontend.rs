@@ -1,13 +1,11 @@
 //! The direct-mode frontend of a decode pod behind an InferencePool (pure): a gateway
 //! on the pool's target port that sends each request to the decode worker (its pod's)
 //! and the prefill worker the endpoint picker named (`x-worker-instance-id`,
-//! `x-prefill-instance-id`), running both legs; a request without them is routed as
-//! the gateway routes it.
+//! `x-prefill-instance-id`), running both legs; a request without them is rotated
+//! over the workers.
 
-use super::gateway_flags::build_gateway_args;
-use super::gateway_site::{gateway_site, reads_model_volume};
-use super::model::model_path;
-use super::pod::{cpu_and_memory, model_mount, restricted_security};
+use super::gateway_site::gateway_site;
+use super::pod::{cpu_and_memory, restricted_security};
 use super::secrets::etcd_secrets;
 use crate::names::Role;
 use crate::plan::{Discovery, EnginePlatform, Plan, RolePlan};
@@ -28,20 +26,28 @@ pub fn build_frontend(
     if role.role != Role::Decode {
         return None;
     }
-    let model_path = model_path(&plan.deployment.model.volume);
-    let site = gateway_site(plan, &model_path, listen, FRONTEND_SHUTDOWN_DELAY_S);
-    let mut args = vec!["--router-mode".to_owned(), "direct".to_owned()];
-    args.extend(build_gateway_args(&plan.deployment.gateway.routing, &site));
-    // The sidecar's API token (Kubernetes discovery) or etcd's Secrets, and the model
-    // when the tokenizer is read from it.
+    // Where it listens, how it stops, where it finds workers and how it reaches them;
+    // nothing of the gateway's routing (policy, weights, tokenizer, migration): a
+    // request without the picker's pins is rotated. So tuning the gateway changes no
+    // engine pod, and no prefill or decode engine restarts for it.
+    let site = gateway_site(plan, "", listen, FRONTEND_SHUTDOWN_DELAY_S);
+    let mut args = vec![
+        "--router-mode".to_owned(),
+        "direct".to_owned(),
+        "--host".to_owned(),
+        site.host,
+        "--port".to_owned(),
+        listen.to_string(),
+    ];
+    args.extend(site.lifecycle);
+    args.extend(site.discovery);
+    args.extend(site.messaging);
+    // The sidecar's API token (Kubernetes discovery) or etcd's Secrets.
     let mut mounts = Vec::new();
     if plan.discovery == Discovery::Kubernetes {
         mounts.push(super::token::mount());
     }
     mounts.extend(etcd_secrets(&plan.discovery).into_iter().map(|(_, m)| m));
-    if reads_model_volume(plan) {
-        mounts.push(model_mount());
-    }
     Some(Container {
         name: "frontend".into(),
         image: Some(platform.gateway.clone()),

@@ -112,8 +112,9 @@ const GATEWAY_SHUTDOWN_DELAY_S: u32 = 10;
 /// streams (`--shutdown-grace-s`), and slack.
 const GATEWAY_GRACE_S: i64 = GATEWAY_SHUTDOWN_DELAY_S as i64 + 30 + 5;
 
-/// The gateway's command-line flags in its pod, the model folder at `model_path`.
-fn gateway_args(plan: &Plan, model_path: &str) -> Vec<String> {
+/// What a gateway process serving the deployment's HTTP API asks of clients: the API
+/// keys, and its certificate (mounted by [`secret_volumes`]).
+pub(super) fn access_args(plan: &Plan) -> Vec<String> {
     let g = &plan.deployment.gateway;
     let mut access = Vec::new();
     if g.api_keys_secret_ref.is_some() {
@@ -129,11 +130,16 @@ fn gateway_args(plan: &Plan, model_path: &str) -> Vec<String> {
         access.extend(["--tls-cert-file".into(), format!("{TLS_DIR}/tls.crt")]);
         access.extend(["--tls-key-file".into(), format!("{TLS_DIR}/tls.key")]);
     }
+    access
+}
+
+/// The gateway's command-line flags in its pod, the model folder at `model_path`.
+fn gateway_args(plan: &Plan, model_path: &str) -> Vec<String> {
     let site = GatewaySite {
-        access,
+        access: access_args(plan),
         ..gateway_site(plan, model_path, ENGINE_PORT, GATEWAY_SHUTDOWN_DELAY_S)
     };
-    build_gateway_args(&g.routing, &site)
+    build_gateway_args(&plan.deployment.gateway.routing, &site)
 }
 
 /// Where the API keys Secret is mounted, and the one file of it the gateway reads.
@@ -144,7 +150,7 @@ const TLS_DIR: &str = "/etc/infera/tls";
 
 /// The Secret volumes (and their mounts) the gateway reads: API keys, its certificate,
 /// etcd's TLS and auth.
-fn secret_volumes(plan: &Plan) -> Vec<(Volume, VolumeMount)> {
+pub(super) fn secret_volumes(plan: &Plan) -> Vec<(Volume, VolumeMount)> {
     let g = &plan.deployment.gateway;
     let mut out = Vec::new();
     if let Some(keys) = &g.api_keys_secret_ref {

@@ -11,12 +11,11 @@
 //! the gateway does, so it does not read the pool itself.
 
 use super::engine::ENGINE_PORT;
-use super::gateway::{build_surging_deployment, pod_role};
-use super::gateway_flags::build_gateway_args;
+use super::gateway::{access_args, build_surging_deployment, pod_role, secret_volumes};
+use super::gateway_flags::{GatewaySite, build_gateway_args};
 use super::gateway_site::{gateway_site, reads_model_volume};
 use super::pod::{cpu_and_memory, model_mount, model_volume, placement, restricted_security};
 use super::pull::{PodKind, apply_pull};
-use super::secrets::etcd_secrets;
 use super::workers::one_at_a_time;
 use super::{Child, Kind, child};
 use crate::api::InferencePoolSpec;
@@ -128,7 +127,12 @@ pub fn build_inference_pool(plan: &Plan, model_path: &str) -> Vec<Child> {
 
 /// The picker's command line.
 fn picker_args(plan: &Plan, pool: &InferencePoolSpec, model_path: &str) -> Vec<String> {
-    let site = gateway_site(plan, model_path, PICKER_HTTP_PORT, PICKER_SHUTDOWN_DELAY_S);
+    // Its HTTP port serves the deployment's API too: behind the same keys and
+    // certificate as the gateway's.
+    let site = GatewaySite {
+        access: access_args(plan),
+        ..gateway_site(plan, model_path, PICKER_HTTP_PORT, PICKER_SHUTDOWN_DELAY_S)
+    };
     let mut args = build_gateway_args(&plan.deployment.gateway.routing, &site);
     args.extend([
         "--epp-port".into(),
@@ -172,11 +176,11 @@ fn port(name: &str, number: u16) -> ContainerPort {
     }
 }
 
-/// The volumes (and mounts) a gateway process of the deployment reads outside an
-/// engine pod: etcd's Secrets, and the model when its tokenizer is there.
+/// The volumes (and mounts) the picker reads: the gateway's Secrets (API keys, its
+/// certificate, etcd's), and the model when its tokenizer is there.
 fn gateway_volumes(plan: &Plan) -> (Vec<Volume>, Vec<VolumeMount>) {
     let (mut volumes, mut mounts): (Vec<Volume>, Vec<VolumeMount>) =
-        etcd_secrets(&plan.discovery).into_iter().unzip();
+        secret_volumes(plan).into_iter().unzip();
     if reads_model_volume(plan) {
         volumes.push(model_volume(&plan.deployment.model.volume));
         mounts.push(model_mount());
@@ -245,7 +249,11 @@ fn picker_deployment(
     child(Kind::Deployment, deployment, Some(&plan.owner.reference))
 }
 
-fn picker_service(plan: &Plan, name: &str, labels: BTreeMap<String, String>) -> Child {
+fn picker_service(plan: &Plan, name: &str, mut labels: BTreeMap<String, String>) -> Child {
+    let g = &plan.deployment.gateway;
+    if let Some(access) = names::metrics_access(g.tls.is_some(), g.metrics_require_auth) {
+        labels.insert(names::METRICS_ACCESS_LABEL.into(), access.into());
+    }
     let service_port = |name: &str, number: u16, protocol: &str| ServicePort {
         name: Some(name.into()),
         port: i32::from(number),

@@ -1946,6 +1946,14 @@ fn an_inference_pool_renders_its_picker_pool_route_and_decode_frontends() {
     let frontend = container(&decode["spec"]["template"], "containers", "frontend");
     let a = args(frontend, "args");
     assert_eq!(&a[..2], ["--router-mode", "direct"]);
+    // Nothing of the gateway's routing: tuning it restarts no engine.
+    for routing in [
+        "--router-policy",
+        "--kv-overlap-weight",
+        "--migration-limit",
+    ] {
+        assert_eq!(flag(&a, routing), None, "{routing} in {a:?}");
+    }
     assert_eq!(flag(&a, "--port").as_deref(), Some("8200"));
     assert_eq!(
         flag(&a, "--k8s-label-selector").as_deref(),

@@ -37,6 +37,7 @@ fn obs(roles: Vec<RoleObservation>, gateway: (i32, i32)) -> Observation {
         autoscaled: false,
         revision: Some("5f1c2a9e0b7d4c31".into()),
         inference_pool: None,
+        missing_crds: Vec::new(),
     }
 }
 
