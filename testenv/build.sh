@@ -14,7 +14,9 @@
 # sandbox's pause process (testenv/pause), a device plugin for fake AMD GPUs and RDMA
 # NICs (testenv/device-plugin), and a stand-in for the Hugging Face Hub's file API
 # (testenv/hf-hub) that the model download tests run in the cluster; the LeaderWorkerSet
-# controller's manager (testenv/lws, installed by testenv/lws.sh).
+# controller's manager (testenv/lws, installed by testenv/lws.sh); Flux's source-,
+# kustomize- and helm-controller (testenv/flux) and the git server the GitOps tests
+# serve a repository from (testenv/git-server).
 #
 #   testenv/build.sh            build what is missing, print NAME=PATH lines
 #   testenv/build.sh --env      print `export INFERA_TESTENV_<NAME>=PATH` lines
@@ -32,6 +34,10 @@ COREDNS_VERSION=v1.14.1  # testenv/coredns/go.mod pins it (client-go 0.34: one m
 OTELCOL_VERSION=v0.161.0 # testenv/otelcol/go.mod pins it (core v0.161.0, v1.67.0; contrib v0.161.0)
 PROMETHEUS_VERSION=v0.316.0 # testenv/promtool/go.mod pins it (promtool, for the chart's alerting rules)
 GAIE_VERSION=v1.6.0      # testenv/lwepp/go.mod pins it (GAIE's reference endpoint picker)
+# Flux's controllers (testenv/flux/<name>/go.mod pins each; v1.10 needs Go 1.27).
+FLUX_SOURCE_VERSION=v1.9.6
+FLUX_KUSTOMIZE_VERSION=v1.9.6
+FLUX_HELM_VERSION=v1.6.4
 
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${INFERA_TESTENV_CACHE:-$HOME/.cache/infera-testenv}
@@ -114,6 +120,16 @@ if [ "$with_node" = 1 ]; then
     pairs+=("HF_HUB=$(CGO_ENABLED=0 build hf-hub "$(src_key hf-hub)" hf-hub)")
     pairs+=("LWS=$(CGO_ENABLED=0 build lws "$LWS_VERSION" lws \
         "-X sigs.k8s.io/lws/pkg/version.GitVersion=$LWS_VERSION" sigs.k8s.io/lws/cmd)")
+    # Flux's source-, kustomize- and helm-controller, static as their releases are, for
+    # the GitOps tests (testenv/flux/flux.yaml runs them as pods).
+    for spec in "source-controller $FLUX_SOURCE_VERSION" \
+        "kustomize-controller $FLUX_KUSTOMIZE_VERSION" "helm-controller $FLUX_HELM_VERSION"; do
+        set -- $spec
+        upper=FLUX_$(echo "${1%-controller}" | tr 'a-z' 'A-Z')
+        pairs+=("$upper=$(CGO_ENABLED=0 build "$1" "$2-$(src_key "flux/$1")" "flux/$1" "" \
+            "github.com/fluxcd/$1")")
+    done
+    pairs+=("GIT_SERVER=$(CGO_ENABLED=0 build git-server "$(src_key git-server)" git-server)")
 fi
 
 for pair in "${pairs[@]}"; do

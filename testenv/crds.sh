@@ -20,8 +20,10 @@
 #             leaderworkerset.x-k8s.io_leaderworkersets.yaml
 #   ARGOCD  $cache/crds/argocd-v3.5.7/
 #             application-crd.yaml  appproject-crd.yaml
-#   FLUX    $cache/crds/flux-helm-v1.6.4-source-v1.9.6-kustomize-v1.9.6/
+#   FLUX    $cache/crds/flux-helm-v1.6.4-source-v1.9.6-kustomize-v1.9.6-all/
 #             helm.toolkit.fluxcd.io_helmreleases.yaml
+#             source.toolkit.fluxcd.io_buckets.yaml
+#             source.toolkit.fluxcd.io_externalartifacts.yaml
 #             source.toolkit.fluxcd.io_gitrepositories.yaml
 #             source.toolkit.fluxcd.io_helmrepositories.yaml
 #             source.toolkit.fluxcd.io_ocirepositories.yaml
@@ -132,8 +134,12 @@ add LWS "$LWS_VERSION" \
 add ARGOCD "$ARGOCD_VERSION" \
     "$argocd_mod:manifests/crds/application-crd.yaml" \
     "$argocd_mod:manifests/crds/appproject-crd.yaml"
-add FLUX "helm-$HELM_CONTROLLER_VERSION-source-$SOURCE_CONTROLLER_VERSION-kustomize-$KUSTOMIZE_CONTROLLER_VERSION" \
+# Every CRD the three controllers watch (source-controller will not start without
+# Bucket and ExternalArtifact), so the GitOps tests run them on the node.
+add FLUX "helm-$HELM_CONTROLLER_VERSION-source-$SOURCE_CONTROLLER_VERSION-kustomize-$KUSTOMIZE_CONTROLLER_VERSION-all" \
     "$helm_mod:config/crd/bases/helm.toolkit.fluxcd.io_helmreleases.yaml" \
+    "$source_mod:config/crd/bases/source.toolkit.fluxcd.io_buckets.yaml" \
+    "$source_mod:config/crd/bases/source.toolkit.fluxcd.io_externalartifacts.yaml" \
     "$source_mod:config/crd/bases/source.toolkit.fluxcd.io_gitrepositories.yaml" \
     "$source_mod:config/crd/bases/source.toolkit.fluxcd.io_helmrepositories.yaml" \
     "$source_mod:config/crd/bases/source.toolkit.fluxcd.io_ocirepositories.yaml" \

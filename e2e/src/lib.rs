@@ -18,6 +18,7 @@ pub mod deploy;
 pub mod envoy;
 pub mod etcd;
 pub mod gateway;
+pub mod gitops;
 pub mod load;
 pub mod process;
 pub mod roll;

@@ -29,6 +29,9 @@ pub enum Binary {
     /// GAIE's reference endpoint picker (testenv/lwepp), the control of the picker's
     /// Envoy tests.
     Lwepp,
+    /// The GitOps tests' git server (testenv/git-server: `git http-backend` over HTTP);
+    /// built with `--node`.
+    GitServer,
 }
 
 impl Binary {
@@ -43,6 +46,7 @@ impl Binary {
             Self::Otelcol => "OTELCOL",
             Self::Promtool => "PROMTOOL",
             Self::Lwepp => "LWEPP",
+            Self::GitServer => "GIT_SERVER",
         }
     }
 
@@ -56,6 +60,7 @@ impl Binary {
             Self::Otelcol => "otelcol",
             Self::Promtool => "promtool",
             Self::Lwepp => "lwepp",
+            Self::GitServer => "git-server",
         }
     }
 }

@@ -21,12 +21,22 @@
 {{- end -}}
 {{- end -}}
 
+{{/* The labels of every object. The chart's version may carry build metadata
+(Flux's `reconcileStrategy: Revision` makes it `<version>+<commit>`); a label value
+cannot hold `+`. */}}
 {{- define "infera.labels" -}}
+{{ include "infera.podLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end -}}
+
+{{/* The labels of pod templates: none that changes with the chart's or the app's
+version, so an upgrade that changes nothing else of a pod (or a GitOps tool rebuilding
+the chart on every commit) restarts no etcd, NATS or operator pod. */}}
+{{- define "infera.podLabels" -}}
 app.kubernetes.io/part-of: infera
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
 {{- define "infera.tag" -}}

@@ -78,10 +78,11 @@ pub struct InferaDeploymentSpec {
     pub scheduling: SchedulingSpec,
     /// Size the workers on latency targets: the operator scrapes the gateways' and the
     /// engines' `/metrics` and sets `replicas` (mixed) or `serving.roleReplicas`
-    /// (disaggregated, each role apart) between minReplicas and maxReplicas. While a
-    /// HorizontalPodAutoscaler targets this deployment's `/scale`, the operator stands
-    /// down (condition Autoscaling: StoodDown). Unset: the workers are what `replicas`
-    /// says.
+    /// (disaggregated, each role apart) between minReplicas and maxReplicas, with
+    /// server-side apply under the field manager `infera-autoscaler`: leave that field
+    /// out of GitOps manifests (the GitOps guide). While a HorizontalPodAutoscaler
+    /// targets this deployment's `/scale`, the operator stands down (condition
+    /// Autoscaling: StoodDown). Unset: the workers are what `replicas` says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<AutoscalingSpec>,
     /// The release of Infera's own parts in the engine pods (see `status.platform`).

@@ -7,6 +7,7 @@
 //! the leader only.
 
 pub mod decide;
+pub mod ownership;
 pub mod scrape;
 pub mod signals;
 
@@ -48,7 +49,15 @@ struct Memory {
     written: Option<Instant>,
     /// Per role, when it was last seen with workers not ready (or last changed).
     unsettled: HashMap<Role, Instant>,
+    /// Whether the autoscaler held the count after its last look.
+    held: bool,
+    /// When another manager's apply last took the count from it, and who.
+    undone: Option<(Instant, Vec<String>)>,
 }
+
+/// How long `status.autoscaling.message` keeps saying that another manager took the
+/// count back (the Warning Event stays in the events).
+const UNDONE_SHOWN: Duration = Duration::from_secs(600);
 
 struct Autoscaler {
     client: Client,
@@ -263,16 +272,31 @@ impl Autoscaler {
             .iter()
             .filter(|d| d.desired != d.current)
             .collect();
-        let message = match (answered, locked) {
+        let managed = idep.metadata.managed_fields.as_deref().unwrap_or_default();
+        let held = ownership::held_path(&idep.spec.serving.mode);
+        let undone_by = ownership::undone_by(managed, held, memory.held);
+        let newly_undone = !undone_by.is_empty();
+        if newly_undone {
+            memory.undone = Some((Instant::now(), undone_by));
+        }
+        let base = match (answered, locked) {
             (false, _) => "no engine pod answered on /metrics; the workers stay as they are",
             (true, false) => "the operator sizes the workers on spec.autoscaling.targets",
             (true, true) => {
                 "the operator sizes the workers on the engines' signals; the TTFT and inter-token targets are not used: the gateways' /metrics need an API key (spec.gateway.metricsRequireAuth)"
             }
         };
+        let message = match &memory.undone {
+            Some((at, who)) if at.elapsed() < UNDONE_SHOWN => format!(
+                "{base}; {field} was applied by {who} over the autoscaler's count: each of its syncs undoes the autoscaler's changes, leave {field} out of what {who} applies",
+                field = ownership::held_name(&idep.spec.serving.mode),
+                who = who.join(", "),
+            ),
+            _ => base.to_owned(),
+        };
         let mut next = AutoscalingStatus {
             state: if answered { "Active" } else { "NoSignals" }.into(),
-            message: message.into(),
+            message: message.clone(),
             last_decision: if answered {
                 summary(&decisions)
             } else {
@@ -288,20 +312,29 @@ impl Autoscaler {
                 .map(|t| wall_time(t - now)),
             observed: Some(observed),
         };
-        if answered && !changed.is_empty() {
-            let patch = spec_patch(&idep.spec.serving.mode, &decisions);
+        // The count is applied under the autoscaler's field manager when it changes,
+        // and once when it is set but held by others only, so the autoscaler owns it
+        // too (see [`ownership`]).
+        let present = match idep.spec.serving.mode {
+            ServingMode::Mixed => true,
+            ServingMode::Disaggregated => idep.spec.serving.role_replicas.is_some(),
+        };
+        let unheld = present && !ownership::held_by_autoscaler(managed, held);
+        let applies = answered && (!changed.is_empty() || unheld);
+        memory.held = applies || ownership::held_by_autoscaler(managed, held);
+        if applies {
             step(
-                "writing the workers",
-                api.patch(
+                "applying the workers",
+                apply_workers(
+                    &api,
                     &name,
-                    &PatchParams {
-                        field_manager: Some(FIELD_MANAGER.into()),
-                        ..Default::default()
-                    },
-                    &Patch::Merge(&patch),
+                    &idep.spec.serving.mode,
+                    Some(counts(&decisions)),
                 )
                 .await,
             )?;
+        }
+        if answered && !changed.is_empty() {
             let what = changed
                 .iter()
                 .map(|d| format!("{} {} -> {}", d.role.as_str(), d.current, d.desired))
@@ -321,6 +354,16 @@ impl Autoscaler {
                 if out { "ScaledOut" } else { "ScaledIn" },
                 &format!("Scale {what}"),
                 &next.last_decision,
+            )
+            .await;
+        }
+        if newly_undone {
+            self.publish_as(
+                EventType::Warning,
+                idep,
+                "CountAppliedElsewhere",
+                "Autoscale",
+                &message,
             )
             .await;
         }
@@ -353,8 +396,19 @@ impl Autoscaler {
         previous: Option<AutoscalingStatus>,
     ) -> Result<(), LookError> {
         let name = idep.name_any();
-        if idep.spec.serving.role_replicas.is_some() {
-            // The HorizontalPodAutoscaler counts topology units in spec.replicas.
+        let managed = idep.metadata.managed_fields.as_deref().unwrap_or_default();
+        let role_replicas = ownership::held_path(&ServingMode::Disaggregated);
+        if idep.spec.serving.mode == ServingMode::Disaggregated
+            && ownership::held_by_autoscaler(managed, role_replicas)
+        {
+            // The HorizontalPodAutoscaler counts topology units in spec.replicas: the
+            // autoscaler lets go of roleReplicas (removed where it alone held them).
+            step(
+                "releasing spec.serving.roleReplicas",
+                apply_workers(api, &name, &ServingMode::Disaggregated, None).await,
+            )?;
+        } else if idep.spec.serving.role_replicas.is_some() {
+            // Set by an earlier autoscaler's merge patch (or by hand): cleared.
             step(
                 "clearing spec.serving.roleReplicas",
                 api.patch(
@@ -389,8 +443,20 @@ impl Autoscaler {
     }
 
     async fn publish(&self, idep: &InferaDeployment, reason: &str, action: &str, note: &str) {
+        self.publish_as(EventType::Normal, idep, reason, action, note)
+            .await;
+    }
+
+    async fn publish_as(
+        &self,
+        type_: EventType,
+        idep: &InferaDeployment,
+        reason: &str,
+        action: &str,
+        note: &str,
+    ) {
         let event = Event {
-            type_: EventType::Normal,
+            type_,
             reason: reason.into(),
             note: Some(note.chars().take(1000).collect()),
             action: action.chars().take(128).collect(),
@@ -594,21 +660,42 @@ fn summary(decisions: &[RoleDecision]) -> String {
         .join("; ")
 }
 
-/// The merge patch writing the decided workers.
-fn spec_patch(mode: &ServingMode, decisions: &[RoleDecision]) -> serde_json::Value {
+/// The decided workers: the mixed count, or prefill and decode.
+fn counts(decisions: &[RoleDecision]) -> (u32, u32) {
     let of = |role: Role| {
         decisions
             .iter()
             .find(|d| d.role == role)
             .map_or(0, |d| d.desired)
     };
-    match mode {
-        ServingMode::Mixed => json!({"spec": {"replicas": of(Role::Mixed)}}),
-        ServingMode::Disaggregated => json!({"spec": {"serving": {"roleReplicas": {
-            "prefill": of(Role::Prefill),
-            "decode": of(Role::Decode),
-        }}}}),
+    match decisions.iter().any(|d| d.role == Role::Mixed) {
+        true => (of(Role::Mixed), 0),
+        false => (of(Role::Prefill), of(Role::Decode)),
     }
+}
+
+/// Applies the workers (`None`: holds none) under the autoscaler's field manager,
+/// forcing: the autoscaler's decision wins over another owner's value.
+async fn apply_workers(
+    api: &Api<InferaDeployment>,
+    name: &str,
+    mode: &ServingMode,
+    counts: Option<(u32, u32)>,
+) -> Result<(), kube::Error> {
+    let config = ownership::build_apply(
+        &InferaDeployment::api_version(&()),
+        &InferaDeployment::kind(&()),
+        name,
+        mode,
+        counts,
+    );
+    api.patch(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&config),
+    )
+    .await
+    .map(|_| ())
 }
 
 fn wall_time(in_seconds: f64) -> Time {
@@ -657,17 +744,11 @@ mod tests {
     }
 
     #[test]
-    fn patches_write_replicas_or_role_replicas() {
+    fn counts_are_the_mixed_count_or_prefill_and_decode() {
+        assert_eq!(counts(&[decision(Role::Mixed, 1, 3)]), (3, 0));
         assert_eq!(
-            spec_patch(&ServingMode::Mixed, &[decision(Role::Mixed, 1, 3)]),
-            json!({"spec": {"replicas": 3}})
-        );
-        assert_eq!(
-            spec_patch(
-                &ServingMode::Disaggregated,
-                &[decision(Role::Prefill, 1, 2), decision(Role::Decode, 2, 2)]
-            ),
-            json!({"spec": {"serving": {"roleReplicas": {"prefill": 2, "decode": 2}}}})
+            counts(&[decision(Role::Prefill, 1, 2), decision(Role::Decode, 2, 1)]),
+            (2, 1)
         );
         assert_eq!(
             summary(&[decision(Role::Prefill, 1, 2), decision(Role::Decode, 2, 2)]),

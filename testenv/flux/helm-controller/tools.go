@@ -1,0 +1,9 @@
+//go:build tools
+
+// Package tools pins Flux's helm-controller v1.6.4 (github.com/fluxcd/helm-controller), one of the three
+// controllers the GitOps tests run on the node: build.sh builds its main package from
+// this module's requirements. The controller's own go.mod replaces are repeated here
+// (a dependency's replace lines do not apply to the module that requires it).
+package tools
+
+import _ "github.com/fluxcd/helm-controller"

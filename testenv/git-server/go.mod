@@ -1,0 +1,3 @@
+module github.com/infera/testenv/git-server
+
+go 1.24.0
