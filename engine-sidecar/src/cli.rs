@@ -54,6 +54,9 @@ pub struct SidecarArgs {
     pub disaggregation_allow_tcp: bool,
     /// Register in this Pod's annotation (`kubernetes`) instead of etcd.
     pub kubernetes_pod: Option<(String, String)>,
+    /// kvd's socket beside the engine: prefetch hints posted to the status port's
+    /// `/kvd/prefetch` go there (a gateway's `POST /v1/cache/prewarm`).
+    pub kvd_socket: Option<std::path::PathBuf>,
     /// Everything else, for the engine.
     pub engine_args: Vec<String>,
 }
@@ -112,6 +115,10 @@ pub const USAGE: &str = "Infera flags (each also as the environment variable in 
   $INFERA_ENGINE_REVISION     the revision of the engine spec, registered as the record's
                               `revision` (environment only); gateways pair a prefill and a
                               decode worker only of one revision
+  --kvd-socket PATH           kvd's socket beside the engine: POST /kvd/prefetch on --status-port
+                              leaves a prefetch_hint there (gateways forward POST /v1/cache/prewarm;
+                              callers outside the Pod send x-infera-drain-token, as for /drain)
+                              [INFERA_KVD_SOCKET] (none: /kvd/prefetch answers 503)
   --disaggregation-allow-tcp  accept a prefill/decode worker on a loopback host or TCP transport
                               [INFERA_DISAGGREGATION_ALLOW_TCP] (refused otherwise)
   --attach                    the engine runs in its own container: watch it, do not launch it;
@@ -185,7 +192,7 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
         "1" | "true" | "yes"
     );
     let mut engine_args = Vec::new();
-    const VALUED: [&str; 23] = [
+    const VALUED: [&str; 24] = [
         "--etcd-endpoint",
         "--etcd-prefix",
         "--etcd-ca-file",
@@ -209,6 +216,7 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
         "--nats-req-idle-timeout",
         "--discovery-backend",
         "--k8s-namespace",
+        "--kvd-socket",
     ];
     let mut it = args[1..].iter();
     while let Some(arg) = it.next() {
@@ -393,6 +401,7 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
                 });
             }
         },
+        kvd_socket: optional("--kvd-socket", "INFERA_KVD_SOCKET").map(Into::into),
         engine_args,
     };
     if args.kubernetes_pod.is_none() {
@@ -416,9 +425,14 @@ mod tests {
     fn infera_flags_are_exact_and_the_rest_goes_to_the_engine() {
         let a = parse_args(&args(
             "sglang --etcd-endpoint http://e:1,http://e:2 --advertise-host 10.0.0.5 --model-path /m --port 30000 \
-             --etcd-prefix-extra x --no-enable-kv-events --drain-timeout=5",
+             --etcd-prefix-extra x --no-enable-kv-events --drain-timeout=5 \
+             --kvd-socket /run/infera-kvd/kvd.sock",
         ))
         .unwrap();
+        assert_eq!(
+            a.kvd_socket.as_deref(),
+            Some(std::path::Path::new("/run/infera-kvd/kvd.sock"))
+        );
         assert_eq!(a.engine, Launch::Engine(EngineKind::Sglang));
         assert_eq!(a.etcd_endpoints, vec!["http://e:1", "http://e:2"]);
         assert_eq!(a.advertise_host, "10.0.0.5");

@@ -12,6 +12,9 @@
 //! - [`node_env`]: what the engine needs from its node (GID index, rail address,
 //!   peer memory), for a launched engine or, as `infera-engine-sidecar node-env` in an
 //!   init container, for the engine container of a pod.
+//! - On the status port: [`status`] (`/health`, `/ready`, `/metrics`, `/drain`),
+//!   [`tokenizer_files`] (the tokenizer and chat templates a gateway fetches) and
+//!   [`prefetch`] (`/kvd/prefetch`, a gateway's prewarm for the kvd beside the engine).
 
 pub mod annotation;
 pub mod cli;
@@ -20,6 +23,7 @@ pub mod engine;
 pub mod engine_args;
 pub mod gid;
 pub mod node_env;
+pub mod prefetch;
 pub mod record;
 pub mod registration;
 pub mod relay;

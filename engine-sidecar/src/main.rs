@@ -10,6 +10,7 @@ use infera_engine_sidecar::disagg::{DisaggRole, detect_role, preflight};
 use infera_engine_sidecar::engine::EngineProcess;
 use infera_engine_sidecar::engine_args::read_engine_facts;
 use infera_engine_sidecar::node_env::{self, NodeEnvArgs, run_node_env};
+use infera_engine_sidecar::prefetch::build_prefetch_router;
 use infera_engine_sidecar::record::build_record;
 use infera_engine_sidecar::registration::{Registration, RegistrationState, run_registration};
 use infera_engine_sidecar::relay::{RelayCounters, connect_jetstream, relay_rank};
@@ -300,6 +301,16 @@ async fn run() -> i32 {
     let tokenizer = match infera_engine_sidecar::tokenizer_id::tokenizer_location(&args.engine_args)
     {
         Some(path) => match infera_engine_sidecar::tokenizer_id::read_identity(&path) {
+            Ok(t) if t.tiktoken_only => {
+                tracing::warn!(
+                    "tokenizer {}: a tiktoken vocabulary without tokenizer.json (digest {}): \
+                     the record reports tokenizer_format tiktoken and carries no canary; \
+                     gateways hash this model's prompts as bytes, so prefix routing misses",
+                    path.display(),
+                    t.digest
+                );
+                Some(t)
+            }
             Ok(t) => {
                 tracing::info!(
                     "tokenizer {}: digest {}, canary of {} tokens",
@@ -350,7 +361,12 @@ async fn run() -> i32 {
             path: t.path.clone(),
             digest: t.digest.clone(),
         });
-        let router = build_status_router(status.clone()).merge(build_tokenizer_router(served));
+        let router = build_status_router(status.clone())
+            .merge(build_tokenizer_router(served))
+            .merge(build_prefetch_router(
+                args.kvd_socket.clone(),
+                args.drain_token.clone(),
+            ));
         status_server = Some(tokio::spawn(async move {
             let shutdown = async move {
                 let _ = status_stop_rx.wait_for(|s| *s).await;

@@ -4,7 +4,9 @@
 use crate::disagg::{DisaggRole, build_disagg_meta};
 use crate::engine_args::EngineFacts;
 use crate::tokenizer_id::TokenizerIdentity;
-use infera_proto::worker::{DisaggMode, WorkerRecord, WorkerRecordError, build_worker_id};
+use infera_proto::worker::{
+    DisaggMode, TOKENIZER_FORMAT_FIELD, WorkerRecord, WorkerRecordError, build_worker_id,
+};
 use serde_json::{Value, json};
 
 /// The record for an engine reachable at `advertise_host`, in `role` (`None`: mixed).
@@ -38,7 +40,13 @@ pub fn build_record(
         "dp_size": facts.dp_size,
         "request_transport": "http",
     });
-    if let (Some(t), Some(map)) = (tokenizer, record.as_object_mut()) {
+    if let (Some(t), Some(map)) = (tokenizer, record.as_object_mut())
+        && t.tiktoken_only
+    {
+        // No canary to state (the vocabulary is not read here), so no `kv` block: the
+        // record says why instead.
+        map.insert(TOKENIZER_FORMAT_FIELD.into(), json!("tiktoken"));
+    } else if let (Some(t), Some(map)) = (tokenizer, record.as_object_mut()) {
         map.insert(
             "kv".into(),
             json!({
@@ -212,6 +220,7 @@ mod tests {
             path: "/models/fixture".into(),
             digest: "0123456789abcdef".into(),
             canary: vec![9707, 11, 1879],
+            tiktoken_only: false,
         };
         for m in cases {
             let args: Vec<String> = m
@@ -276,5 +285,20 @@ mod tests {
                 "{case}"
             );
         }
+    }
+
+    #[test]
+    fn a_tiktoken_vocabulary_is_reported_on_the_record_instead_of_a_canary() {
+        let identity = TokenizerIdentity {
+            path: "/models/fixture-tiktoken".into(),
+            digest: "0123456789abcdef".into(),
+            canary: Vec::new(),
+            tiktoken_only: true,
+        };
+        let record = build_record(&facts(), None, "10.0.0.5", 16, None, Some(&identity)).unwrap();
+        assert_eq!(record.kv, None);
+        assert_eq!(record.tokenizer_format(), Some("tiktoken"));
+        let read = WorkerRecord::from_json(record.to_json().as_bytes()).unwrap();
+        assert_eq!(read.tokenizer_format(), Some("tiktoken"), "kept as written");
     }
 }

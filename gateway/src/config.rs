@@ -1,6 +1,8 @@
 //! The gateway's command line: the earlier server's flag names, each with an `INFERA_*`
-//! environment variable (flag > environment > default). Flags of capabilities that are
-//! not built yet are accepted and refused at start with a message saying so.
+//! environment variable (flag > environment > default). Every flag of the earlier
+//! `python -m infera.server` is accepted and takes effect, except `--router-backend`,
+//! which chose between its Python router and the Rust one this gateway is: accepted,
+//! with a one-line notice at start ([`compute_earlier_flag_notices`]).
 //!
 //! Where a default differs from the earlier `python -m infera.server`'s, the difference
 //! is logged once at start ([`compute_earlier_default_differences`]) and listed in the
@@ -54,6 +56,25 @@ pub enum KvEventTransport {
     Zmq,
     /// Consume the sidecars' NATS JetStream relay.
     Nats,
+}
+
+/// `--router-backend`: the earlier server's choice between its Python router and its
+/// Rust one. This gateway is a Rust router; either value is accepted and chooses nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RouterBackend {
+    /// The earlier server's in-process asyncio router.
+    Python,
+    /// The earlier `infera-router` binary the server exec'd.
+    Rust,
+}
+
+/// An earlier on/off switch as the earlier server read its environment: `1`, `true` or
+/// `yes` (any case) turn it on, anything else leaves it off.
+fn earlier_switch(value: &str) -> Result<bool, std::convert::Infallible> {
+    Ok(matches!(
+        value.trim().to_ascii_lowercase().as_str(),
+        "1" | "true" | "yes"
+    ))
 }
 
 /// The NATS server when neither a flag nor the environment names one.
@@ -119,9 +140,18 @@ pub struct GatewayConfig {
     #[arg(long, env = "INFERA_ROUTER_POLICY", value_enum, default_value_t = PolicyArg::RoundRobin)]
     pub router_policy: PolicyArg,
 
-    /// Tokenizer for kv-aware routing (a folder with tokenizer.json and tokenizer_config.json).
+    /// Tokenizer for kv-aware routing: a model folder (tokenizer.json, tokenizer_config.json
+    /// and the chat templates: chat_template.jinja, additional_chat_templates/), a
+    /// tokenizer.json file, or a Hugging Face model id (ORG/NAME, no such local path),
+    /// whose tokenizer files are fetched from --hf-endpoint in the background ($HF_TOKEN
+    /// for gated models) while routing weighs load. A folder with only a tiktoken
+    /// vocabulary is routed by bytes, with a warning.
     #[arg(long, env = "INFERA_ROUTER_TOKENIZER_PATH")]
     pub router_tokenizer_path: Option<PathBuf>,
+
+    /// Where a model id given as --router-tokenizer-path is fetched from.
+    #[arg(long, env = "HF_ENDPOINT", default_value = "https://huggingface.co")]
+    pub hf_endpoint: String,
 
     /// Fetch the tokenizer for kv-aware routing from the workers instead: the engine
     /// sidecar on this port serves the files its engine loads (`GET /tokenizer`), so the
@@ -256,11 +286,66 @@ pub struct GatewayConfig {
     #[arg(long, env = "INFERA_KV_APPROXIMATE")]
     pub kv_approximate: bool,
 
+    /// Accepted for the earlier server's command lines, where it chose between its Python
+    /// router and the Rust `infera-router` it exec'd. This gateway is a Rust router, so
+    /// either value chooses nothing (a notice at start says so).
+    #[arg(long, env = "INFERA_ROUTER_BACKEND", value_enum)]
+    pub router_backend: Option<RouterBackend>,
+
+    /// kvd's Unix socket on this machine: `POST /v1/cache/prewarm` leaves each hint there
+    /// (one `prefetch_hint` frame), as the earlier server did. Unset: hints go to the kvd
+    /// beside each active worker of the hint's model, through its engine sidecar
+    /// (--worker-sidecar-port); with neither, prewarm answers 503.
+    #[arg(long, env = "INFERA_KVD_SOCKET_PATH")]
+    pub kvd_socket_path: Option<PathBuf>,
+
+    /// The engine sidecars' status port: `POST /v1/cache/prewarm` forwards hints to each
+    /// worker's sidecar there (`POST /kvd/prefetch`, which leaves them with the kvd beside
+    /// its engine), presenting `$INFERA_DRAIN_TOKEN` as `x-infera-drain-token` (the
+    /// sidecar authorises it as it does `/drain`). Default: the port of
+    /// --router-tokenizer-from-workers.
+    #[arg(long, env = "INFERA_WORKER_SIDECAR_PORT")]
+    pub worker_sidecar_port: Option<u16>,
+
+    /// Serve `POST /v1/admin/profile/start` and `/stop`: each is forwarded to the
+    /// matching active workers' engines (`/start_profile`, `/stop_profile`), selected by
+    /// `worker_id`, `model` and `role` in the query or the JSON body; the rest of the body
+    /// goes to the engine. Off: 403. `INFERA_ENABLE_PROFILING` of 1, true or yes turns it
+    /// on, as for the earlier server.
+    #[arg(
+        long,
+        env = "INFERA_ENABLE_PROFILING",
+        value_parser = earlier_switch,
+        action = clap::ArgAction::SetTrue
+    )]
+    pub enable_profiling: bool,
+
+    /// Serve `GET` and `POST /v1/admin/scale`: read and set the worker counts of the
+    /// InferaDeployment this gateway belongs to (--deployment). The gateway's account
+    /// needs `get` and `patch` on it: the operator grants exactly that with
+    /// `spec.gateway.scalingApi: true`, which also sets this flag. Off: 403.
+    /// `INFERA_ENABLE_SCALING_API` of 1, true or yes turns it on.
+    #[arg(
+        long,
+        env = "INFERA_ENABLE_SCALING_API",
+        value_parser = earlier_switch,
+        action = clap::ArgAction::SetTrue
+    )]
+    pub enable_scaling_api: bool,
+
+    /// The InferaDeployment this gateway serves (in --k8s-namespace, else the gateway's
+    /// own namespace): what `/v1/admin/scale` scales. The operator sets it with
+    /// `spec.gateway.scalingApi`; unset (a gateway the operator did not make),
+    /// `/v1/admin/scale` answers 409.
+    #[arg(long, env = "INFERA_DEPLOYMENT")]
+    pub deployment: Option<String>,
+
     /// Retries on another worker before the first response byte.
     #[arg(long, env = "INFERA_REQUEST_MAX_RETRIES", default_value_t = 1)]
     pub request_max_retries: u32,
 
-    /// Consecutive faults that open a worker's circuit breaker.
+    /// Consecutive faults that open a worker's circuit breaker (0: breakers off, as for
+    /// the earlier server).
     #[arg(long, env = "INFERA_BREAKER_FAILURE_THRESHOLD", default_value_t = 3)]
     pub breaker_failure_threshold: u32,
 
@@ -572,6 +657,23 @@ pub fn compute_earlier_default_differences(
     out
 }
 
+/// One line per earlier flag this gateway accepts without it changing anything, saying
+/// why; logged at start.
+pub fn compute_earlier_flag_notices(cfg: &GatewayConfig) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(backend) = cfg.router_backend {
+        let which = match backend {
+            RouterBackend::Python => "python",
+            RouterBackend::Rust => "rust",
+        };
+        out.push(format!(
+            "--router-backend {which}: accepted for earlier command lines; this gateway is a \
+             Rust router serving every endpoint of the earlier server, so the flag chooses nothing"
+        ));
+    }
+    out
+}
+
 /// One log line listing `differences`.
 pub fn build_earlier_default_notice(differences: &[EarlierDifference]) -> String {
     let items: Vec<String> = differences
@@ -609,6 +711,13 @@ impl GatewayConfig {
             .or_else(|| env("NATS_URL"))
             .filter(|u| !u.trim().is_empty())
             .unwrap_or_else(|| DEFAULT_NATS_URL.into())
+    }
+
+    /// Where prewarm hints go: the sidecars' port (--worker-sidecar-port, else
+    /// --router-tokenizer-from-workers's).
+    pub(crate) fn sidecar_port(&self) -> Option<u16> {
+        self.worker_sidecar_port
+            .or(self.router_tokenizer_from_workers)
     }
 
     /// The request plane's timeouts and admission limit.
@@ -728,11 +837,6 @@ impl GatewayConfig {
                 )));
             }
         }
-        if self.breaker_failure_threshold == 0 {
-            return Err(ConfigError(
-                "--breaker-failure-threshold must be at least 1".into(),
-            ));
-        }
         for (name, v) in [
             ("--shutdown-grace-s", self.shutdown_grace_s),
             ("--shutdown-delay-s", self.shutdown_delay_s),
@@ -836,6 +940,77 @@ mod tests {
                 .contains("--request-timeout-s")
         );
         assert!(GatewayConfig::defaults().validate().is_ok());
+    }
+
+    #[test]
+    fn every_earlier_flag_is_accepted() {
+        // The earlier server's 29 flags (infera/server/args.py), each with a value it took.
+        let cfg = GatewayConfig::try_parse_from([
+            "g",
+            "--host=0.0.0.0",
+            "--port=8000",
+            "--discovery-backend=etcd",
+            "--etcd-endpoint=127.0.0.1:2379",
+            "--etcd-prefix=/infera/workers/",
+            "--k8s-label-selector=infera.amd.com/deployment=fixture",
+            "--k8s-namespace=fixture",
+            "--request-transport=http",
+            "--router-backend=rust",
+            "--router-mode=auto",
+            "--router-policy=kv-aware",
+            "--kv-event-transport=zmq",
+            "--nats-server=nats://127.0.0.1:4222",
+            "--nats-req-idle-timeout=900",
+            "--nats-req-max-duration=0",
+            "--nats-req-max-pending=0",
+            "--router-tokenizer-path=/models/fixture",
+            "--kv-overlap-weight=1.0",
+            "--kv-prefill-overlap-weight=20.0",
+            "--kv-decode-overlap-weight=2.0",
+            "--kvd-socket-path=/run/kvd.sock",
+            "--enable-profiling",
+            "--enable-scaling-api",
+            "--request-max-retries=1",
+            "--migration-limit=0",
+            "--breaker-failure-threshold=0",
+            "--breaker-cooldown-s=5",
+            "--breaker-max-cooldown-s=60",
+        ])
+        .unwrap();
+        assert!(cfg.validate().is_ok(), "{:?}", cfg.validate());
+        assert!(cfg.enable_profiling && cfg.enable_scaling_api);
+        assert_eq!(cfg.router_backend, Some(RouterBackend::Rust));
+        assert_eq!(cfg.breaker().threshold, 0, "0 turns breakers off");
+        let notices = compute_earlier_flag_notices(&cfg);
+        assert_eq!(notices.len(), 1);
+        assert!(
+            notices[0].starts_with("--router-backend rust: "),
+            "{notices:?}"
+        );
+        assert!(compute_earlier_flag_notices(&GatewayConfig::defaults()).is_empty());
+        // The earlier defaults hold for a command line that gives neither.
+        let d = GatewayConfig::defaults();
+        assert_eq!((d.kv_overlap_weight, d.migration_limit), (1.0, 0));
+        assert!(!d.enable_profiling && !d.enable_scaling_api);
+    }
+
+    #[test]
+    fn earlier_switches_read_their_environment_as_the_earlier_server_did() {
+        for (value, on) in [
+            ("1", true),
+            ("true", true),
+            ("YES", true),
+            ("0", false),
+            ("on", false),
+            ("", false),
+        ] {
+            assert_eq!(earlier_switch(value), Ok(on), "{value:?}");
+        }
+        let matches = GatewayConfig::command()
+            .try_get_matches_from(["g", "--enable-profiling"])
+            .unwrap();
+        let cfg = GatewayConfig::from_arg_matches(&matches).unwrap();
+        assert!(cfg.enable_profiling, "the flag alone turns it on");
     }
 
     fn differences(args: &[&str], env: &[(&str, &str)]) -> Vec<&'static str> {

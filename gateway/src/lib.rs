@@ -11,7 +11,11 @@
 //!   (`middleware`: API keys, admission, draining), reads the body within bounds
 //!   (`body`), and hands it to one module per API (`openai`, `anthropic`), which share
 //!   `pipeline` (plan, forward, relay, the migration resume) and render errors in one
-//!   place (`errors`); `admin` serves the gateway's own views.
+//!   place (`errors`); `admin` serves the gateway's own views, `control` the earlier
+//!   server's cache and control endpoints.
+//! - `control/`: those endpoints acting (prewarm hints to kvd, the profile fan-out, the
+//!   scaling API's Kubernetes calls), with narrow handles; it reads `request/` and
+//!   `workers/`.
 //! - `send/`: sending: the shared context and the POST every leg makes (`upstream`), the
 //!   request's bookkeeping (`guard`), failover (`failover`), both prefill/decode legs
 //!   (`pd`), the NATS request plane (`nats`), the forward path over them (`forward`), the
@@ -31,6 +35,7 @@
 //! and stops it all.
 
 pub mod config;
+mod control;
 mod epp;
 mod http;
 mod metrics;
@@ -51,6 +56,8 @@ pub use metrics::parse_picks;
 pub use state::Gateway;
 pub use workers::registry::{Change, Registry, Snapshot};
 
+#[cfg(test)]
+mod earlier_server_tests;
 #[cfg(test)]
 mod legacy_records_tests;
 #[cfg(test)]

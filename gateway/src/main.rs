@@ -7,6 +7,7 @@ use infera_gateway::Gateway;
 use infera_gateway::Registry;
 use infera_gateway::config::{
     GatewayConfig, build_earlier_default_notice, compute_earlier_default_differences,
+    compute_earlier_flag_notices,
 };
 use infera_gateway::server::start_gateway;
 
@@ -41,6 +42,9 @@ async fn run() -> Result<()> {
     );
     if !differences.is_empty() {
         tracing::warn!("{}", build_earlier_default_notice(&differences));
+    }
+    for notice in compute_earlier_flag_notices(&cfg) {
+        tracing::info!("{notice}");
     }
     let addr = format!("{}:{}", cfg.host, cfg.port);
     let gateway = Gateway::new(cfg, Registry::new())?;

@@ -9,6 +9,7 @@ use crate::http::build_router;
 use crate::http::listener::{ServeOptions, serve};
 use crate::http::reload::{RELOAD_INTERVAL, reload_every};
 use crate::http::tls::TlsCertificates;
+use crate::route::hub::{hub_repo_id, run_hub_fetch};
 use crate::route::kv_events::{run_nats_ingest, run_zmq_ingest};
 use crate::route::tokenizer::run_tokenizer_fetch;
 use crate::send::nats::NatsPlane;
@@ -218,6 +219,22 @@ async fn finish_start(
         failures: cfg.health_check_failures,
     };
     tasks.spawn(run_health_checks(checks, stop_rx.clone()));
+    if let (Some(repo), Some(kv)) = (
+        cfg.router_tokenizer_path.as_deref().and_then(hub_repo_id),
+        &gateway.kv,
+    ) {
+        let token = ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"]
+            .iter()
+            .find_map(|k| std::env::var(k).ok().filter(|t| !t.is_empty()));
+        tasks.spawn(run_hub_fetch(
+            kv.clone(),
+            gateway.tokenizer.clone(),
+            cfg.hf_endpoint.clone(),
+            token,
+            repo,
+            stop_rx.clone(),
+        ));
+    }
     if let (Some(port), Some(kv)) = (gateway.cfg.router_tokenizer_from_workers, &gateway.kv) {
         tasks.spawn(run_tokenizer_fetch(
             kv.clone(),

@@ -1,7 +1,10 @@
 //! The gateway's shared state and its assembly from a [`GatewayConfig`].
 
 use crate::config::{ConfigError, GatewayConfig};
+use crate::control::profile::build_profile_client;
+use crate::control::scale::Scaler;
 use crate::metrics::{Metrics, WorkerGauges};
+use crate::route::hub::hub_repo_id;
 use crate::route::kv_state::KvRouter;
 use crate::route::select::Routing;
 use crate::route::tokenizer::{TokenizerState, TokenizerStatus};
@@ -10,7 +13,7 @@ use crate::workers::breaker::Breakers;
 use crate::workers::inflight::Inflight;
 use crate::workers::registry::{Registry, Snapshot};
 use arc_swap::ArcSwap;
-use infera_prompt::PromptCodec;
+use infera_prompt::{PromptCodec, PromptError};
 use infera_proto::retention::Retention;
 use std::collections::HashSet;
 use std::path::Path;
@@ -52,6 +55,13 @@ pub struct Gateway {
     pub(crate) admission: Option<Arc<Semaphore>>,
     /// Where kv-aware routing's tokenizer stands (`GET /infera/tokenizer`).
     pub(crate) tokenizer: Arc<TokenizerStatus>,
+    /// The client of the profile fan-out (the earlier one's timeouts).
+    pub(crate) profile_client: reqwest::Client,
+    /// The scaling API's side of the Kubernetes API.
+    pub(crate) scaler: Scaler,
+    /// What a worker's sidecar asks of callers outside its Pod (`$INFERA_DRAIN_TOKEN`,
+    /// set by the operator): presented when forwarding a prewarm hint.
+    pub(crate) drain_token: Option<String>,
 }
 
 /// Reads a keys file: one token per line, blank lines and `#` comments skipped.
@@ -103,6 +113,16 @@ impl Gateway {
             .tcp_nodelay(true)
             .build()
             .map_err(|e| ConfigError(format!("building the HTTP client: {e}")))?;
+        let profile_client = build_profile_client()
+            .map_err(|e| ConfigError(format!("building the HTTP client: {e}")))?;
+        let scaler = Scaler::new(
+            cfg.deployment.clone(),
+            cfg.k8s_namespace.clone(),
+            cfg.kubeconfig.clone(),
+        );
+        let drain_token = std::env::var(infera_proto::sidecar::DRAIN_TOKEN_ENV)
+            .ok()
+            .filter(|t| !t.trim().is_empty());
         let breakers = Arc::new(Breakers::new(cfg.breaker()));
         let admission = (cfg.max_concurrent_requests > 0).then(|| {
             Arc::new(Semaphore::new(
@@ -117,8 +137,16 @@ impl Gateway {
                 &cfg.router_tokenizer_path,
                 cfg.router_tokenizer_from_workers,
             ) {
-                (Some(path), _) => TokenizerState::Local {
-                    source: path.display().to_string(),
+                (Some(path), _) => match hub_repo_id(path) {
+                    Some(repo) => TokenizerState::Pending {
+                        reason: format!(
+                            "fetching {repo}'s tokenizer from the Hugging Face Hub ({})",
+                            cfg.hf_endpoint
+                        ),
+                    },
+                    None => TokenizerState::Local {
+                        source: path.display().to_string(),
+                    },
                 },
                 (None, Some(_)) => TokenizerState::Pending {
                     reason: "waiting for a worker's sidecar to serve its tokenizer".into(),
@@ -128,8 +156,21 @@ impl Gateway {
                 },
             };
             let codec = match &cfg.router_tokenizer_path {
-                Some(path) => PromptCodec::load(path)
-                    .map_err(|e| ConfigError(format!("--router-tokenizer-path: {e}")))?,
+                // Until the Hub's arrives, prompts match no engine's blocks.
+                Some(path) if hub_repo_id(path).is_some() => PromptCodec::bytes(),
+                Some(path) => match PromptCodec::load(path) {
+                    Ok(codec) => codec,
+                    Err(e @ PromptError::TiktokenOnly { .. }) => {
+                        // The earlier server loaded these through transformers; here they
+                        // are routed as bytes, and said so at start and on /infera/tokenizer.
+                        tracing::warn!("--router-tokenizer-path: {e}; routing weighs load alone");
+                        tokenizer = TokenizerState::Local {
+                            source: format!("bytes ({} has no tokenizer.json)", path.display()),
+                        };
+                        PromptCodec::bytes()
+                    }
+                    Err(e) => return Err(ConfigError(format!("--router-tokenizer-path: {e}"))),
+                },
                 // Until the workers' arrives, prompts match no engine's blocks.
                 None if cfg.router_tokenizer_from_workers.is_some() => PromptCodec::bytes(),
                 None => {
@@ -195,6 +236,9 @@ impl Gateway {
             draining: AtomicBool::new(false),
             admission,
             tokenizer: Arc::new(TokenizerStatus::from_pointee(tokenizer)),
+            profile_client,
+            scaler,
+            drain_token,
         }))
     }
 
@@ -244,5 +288,57 @@ pub(crate) fn worker_gauges(snapshot: &Snapshot, breakers: &Breakers) -> WorkerG
             .iter()
             .map(|(w, b)| (w.clone(), i64::from(b.state(now).gauge()), b.trips()))
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn state_of(args: &[&str]) -> serde_json::Value {
+        let mut all = vec!["infera-gateway", "--router-policy", "kv-aware"];
+        all.extend_from_slice(args);
+        let cfg = GatewayConfig::try_parse_from(all).unwrap();
+        Gateway::new(cfg, Registry::new())
+            .unwrap()
+            .tokenizer_state()
+    }
+
+    #[test]
+    fn earlier_tokenizer_paths_start_the_gateway_and_say_what_it_hashes() {
+        let tiktoken = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../prompt/testdata/layouts/tiktoken"
+        );
+        let state = state_of(&["--router-tokenizer-path", tiktoken]);
+        assert_eq!(state["state"], "local");
+        assert!(state["source"].as_str().unwrap().starts_with("bytes ("));
+        let state = state_of(&["--router-tokenizer-path", "fixture-org/fixture-model"]);
+        assert_eq!(state["state"], "pending", "a model id is fetched: {state}");
+        assert!(
+            state["reason"]
+                .as_str()
+                .unwrap()
+                .contains("fixture-org/fixture-model")
+        );
+        let jinja = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../prompt/testdata/layouts/jinja"
+        );
+        let cfg = GatewayConfig::try_parse_from([
+            "g",
+            "--router-policy",
+            "kv-aware",
+            "--router-tokenizer-path",
+            jinja,
+        ])
+        .unwrap();
+        let gw = Gateway::new(cfg, Registry::new()).unwrap();
+        assert_eq!(
+            gw.router_codec().unwrap().chat_template_names(),
+            ["default"],
+            "the folder's chat_template.jinja"
+        );
     }
 }

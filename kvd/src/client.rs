@@ -1,8 +1,11 @@
 //! A blocking client for engines' connectors, tools and tests: the handshake with the
-//! arena fd, requests as msgpack maps, and reads in place under the seqlock.
+//! arena fd, requests as msgpack maps, and reads in place under the seqlock. And
+//! [`send_prefetch_hint`], the one async call the gateway and the engine sidecar make:
+//! a short-lived connection that says hello and leaves one `prefetch_hint`, as the
+//! earlier server's `/v1/cache/prewarm` did.
 
 use crate::arena::HEADER;
-use crate::wire::{KEY_LEN, encode_frame};
+use crate::wire::{KEY_LEN, Key, encode_frame};
 use rmpv::Value;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -107,6 +110,174 @@ impl ClientArena {
         };
         Ok(())
     }
+}
+
+/// One `prefetch_hint`: warm these keys from the lower tiers into RAM, worth keeping for
+/// `deadline_ms`. kvd does not answer it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefetchHint {
+    /// The block keys.
+    pub keys: Vec<Key>,
+    /// The model they belong to ("" = none given).
+    pub model: String,
+    /// The engine compatibility key ("" = none given).
+    pub compat_key: String,
+    /// How long warmed entries are worth keeping, in milliseconds.
+    pub deadline_ms: u64,
+}
+
+impl PrefetchHint {
+    /// The frame's map, its fields in the earlier client's order (`keys` as bins).
+    pub fn to_value(&self) -> Value {
+        request_map(
+            "prefetch_hint",
+            vec![
+                (
+                    "keys",
+                    Value::Array(
+                        self.keys
+                            .iter()
+                            .map(|k| Value::Binary(k.to_vec()))
+                            .collect(),
+                    ),
+                ),
+                ("model", Value::from(self.model.as_str())),
+                ("compat_key", Value::from(self.compat_key.as_str())),
+                ("deadline_ms", Value::from(self.deadline_ms)),
+            ],
+        )
+    }
+}
+
+/// Why a hint did not reach kvd.
+#[derive(Debug, thiserror::Error)]
+pub enum SendHintError {
+    /// The socket could not be opened (no kvd there, or not this user's to open).
+    #[error("could not connect to kvd at {path}: {}", errno_text(.source))]
+    Connect {
+        /// The socket.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// kvd did not complete the handshake (worded as the earlier client's).
+    #[error("kvd handshake failed: {message}")]
+    Handshake {
+        /// The socket.
+        path: std::path::PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// The hint could not be written.
+    #[error("sending to kvd at {path}: {}", errno_text(.source))]
+    Send {
+        /// The socket.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// kvd took longer than allowed.
+    #[error("kvd at {path} did not answer within {timeout:?}")]
+    Timeout {
+        /// The socket.
+        path: std::path::PathBuf,
+        /// The bound.
+        timeout: std::time::Duration,
+    },
+}
+
+/// An OS error as Python words it (`[Errno 2] No such file or directory`), which the
+/// earlier server's `kvd unreachable: ...` answers carried; other errors as they are.
+pub fn errno_text(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(code) => {
+            let text = io::Error::from_raw_os_error(code).to_string();
+            let text = text
+                .strip_suffix(&format!(" (os error {code})"))
+                .unwrap_or(&text);
+            format!("[Errno {code}] {text}")
+        }
+        None => e.to_string(),
+    }
+}
+
+/// Says hello to kvd at `path` as `client_id` (no arena asked for), leaves `hint`, and
+/// closes: the earlier server's prewarm, one short connection per hint. Bounded by
+/// `timeout` as a whole.
+pub async fn send_prefetch_hint(
+    path: &Path,
+    client_id: &str,
+    hint: &PrefetchHint,
+    timeout: std::time::Duration,
+) -> Result<(), SendHintError> {
+    let exchange = async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::UnixStream::connect(path)
+            .await
+            .map_err(|source| SendHintError::Connect {
+                path: path.to_owned(),
+                source,
+            })?;
+        let handshake = |message: String| SendHintError::Handshake {
+            path: path.to_owned(),
+            message,
+        };
+        let hello = request_map(
+            "hello",
+            vec![
+                ("client_id", Value::from(client_id)),
+                ("protocol_version", Value::from(1)),
+                ("prefers_shared_arena", Value::from(false)),
+            ],
+        );
+        stream
+            .write_all(&encode_frame(&hello))
+            .await
+            .map_err(|e| handshake(errno_text(&e)))?;
+        let mut len = [0u8; 4];
+        stream
+            .read_exact(&mut len)
+            .await
+            .map_err(|e| handshake(format!("no hello_ack: {}", errno_text(&e))))?;
+        let n = u32::from_be_bytes(len) as usize;
+        if n > 1 << 20 {
+            return Err(handshake(format!("a hello_ack of {n} bytes")));
+        }
+        let mut body = vec![0u8; n];
+        stream
+            .read_exact(&mut body)
+            .await
+            .map_err(|e| handshake(format!("no hello_ack: {}", errno_text(&e))))?;
+        let ack = rmpv::decode::read_value(&mut &body[..])
+            .map_err(|e| handshake(format!("an undecodable reply: {e}")))?;
+        match field(&ack, "op").and_then(Value::as_str) {
+            Some("hello_ack") => {}
+            _ => {
+                let message = field(&ack, "message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("not a hello_ack");
+                return Err(handshake(message.to_owned()));
+            }
+        }
+        let send = |source| SendHintError::Send {
+            path: path.to_owned(),
+            source,
+        };
+        stream
+            .write_all(&encode_frame(&hint.to_value()))
+            .await
+            .map_err(send)?;
+        stream.shutdown().await.map_err(send)?;
+        Ok(())
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| SendHintError::Timeout {
+            path: path.to_owned(),
+            timeout,
+        })?
 }
 
 /// A connection to kvd.
@@ -233,5 +404,37 @@ impl Client {
         Ok(field(&reply, "value")
             .and_then(|v| v.as_slice())
             .map(<[u8]>::to_vec))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefetch_hint_is_the_golden_frame() {
+        // kvd/testdata/frames.json, "prefetch_hint": encoded by Python msgpack.
+        let hint = PrefetchHint {
+            keys: vec![[0, 1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15]],
+            model: "llama-3-8b".into(),
+            compat_key: "fp16-tp1".into(),
+            deadline_ms: 250,
+        };
+        assert_eq!(
+            hex_of(&encode_frame(&hint.to_value())),
+            "0000005f85a26f70ad70726566657463685f68696e74a46b65797392c4080001020304050607c40808090a0b0c0d0e0fa56d6f64656caa6c6c616d612d332d3862aa636f6d7061745f6b6579a8667031362d747031ab646561646c696e655f6d73ccfa"
+        );
+    }
+
+    fn hex_of(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    #[test]
+    fn os_errors_read_as_python_words_them() {
+        let e = io::Error::from_raw_os_error(111);
+        assert_eq!(errno_text(&e), "[Errno 111] Connection refused");
+        let other = io::Error::other("fixture");
+        assert_eq!(errno_text(&other), "fixture");
     }
 }

@@ -220,3 +220,58 @@ fn an_inline_batch_larger_than_a_frame_is_refused_not_built() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn a_prefetch_hint_sent_over_a_short_connection_reaches_the_daemon() {
+    use infera_kvd::client::{PrefetchHint, SendHintError, send_prefetch_hint};
+    // A lower tier, so the hint is worked on (with RAM alone there is nothing to warm).
+    let nvme = tempfile::tempdir().unwrap();
+    let kvd = start(&[
+        "--long-path",
+        nvme.path().to_str().unwrap(),
+        "--long-bytes",
+        "4194304",
+    ]);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let hint = PrefetchHint {
+        keys: vec![[1; 8], [2; 8], [3; 8]],
+        model: "fixture-model".into(),
+        compat_key: String::new(),
+        deadline_ms: 500,
+    };
+    runtime
+        .block_on(send_prefetch_hint(
+            &kvd.socket,
+            "fixture-prefetch",
+            &hint,
+            Duration::from_secs(5),
+        ))
+        .unwrap();
+    support::wait_for("3 keys looked up", Duration::from_secs(10), || {
+        metric(
+            kvd.metrics,
+            "infera_kvd_prefetch_keys_total{outcome=\"missing\"}",
+        ) == 3.0
+    });
+    let absent = kvd.dir.path().join("absent.sock");
+    let err = runtime
+        .block_on(send_prefetch_hint(
+            &absent,
+            "fixture-prefetch",
+            &hint,
+            Duration::from_secs(5),
+        ))
+        .unwrap_err();
+    assert!(matches!(err, SendHintError::Connect { .. }));
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "could not connect to kvd at {}: [Errno 2] No such file or directory",
+            absent.display()
+        ),
+        "worded as the earlier server's Python client worded it"
+    );
+}

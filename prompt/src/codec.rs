@@ -7,7 +7,7 @@
 //! ids and chat messages are rendered in the ChatML layout, so a local run without model
 //! files still behaves like an engine (prefixes share blocks, counts are stable).
 
-use crate::template::{CHAT_TEMPLATE, build_environment};
+use crate::template::{CHAT_TEMPLATE, build_environment, build_named_environment};
 use minijinja::value::Value;
 use serde::Serialize;
 use serde_json::{Map, Value as Json};
@@ -19,6 +19,13 @@ use tokenizers::Tokenizer;
 pub const BYTES_CHAT_TEMPLATE: &str = "{% for message in messages %}<|im_start|>{{ message.role }}\n\
 {% if message.content is string %}{{ message.content }}{% else %}{% for part in message.content %}{{ part.text }}{% endfor %}{% endif %}<|im_end|>\n\
 {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// The files of a model folder a codec reads: the tokenizer, its config, and the chat
+/// templates transformers reads beside them (`chat_template.jinja`,
+/// `additional_chat_templates/<name>.jinja`).
+pub const TOKENIZER_JSON: &str = "tokenizer.json";
+/// The tokenizer's config: special tokens, and the chat template(s) of the older layout.
+pub const TOKENIZER_CONFIG_JSON: &str = "tokenizer_config.json";
 
 /// What a chat template sees: the tokenizer's special-token names and the request's
 /// `chat_template_kwargs` (which win over them), then the request's messages and tools.
@@ -42,9 +49,27 @@ pub enum PromptError {
         /// Why.
         message: String,
     },
+    /// The model's tokenizer is a tiktoken vocabulary with no `tokenizer.json`, which
+    /// this crate cannot read (callers fall back to the byte codec and say so).
+    #[error(
+        "{path} holds a tiktoken vocabulary but no tokenizer.json, which the router reads: \
+         its prompts are hashed as UTF-8 bytes, which match no engine's cached blocks"
+    )]
+    TiktokenOnly {
+        /// The model folder.
+        path: PathBuf,
+    },
     /// `tokenizer_config.json` could not be read or parsed.
     #[error("loading {path}: {message}")]
     LoadConfig {
+        /// File that failed.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
+    /// A chat template file could not be read.
+    #[error("loading the chat template {path}: {message}")]
+    LoadTemplate {
         /// File that failed.
         path: PathBuf,
         /// Why.
@@ -54,7 +79,9 @@ pub enum PromptError {
     #[error("compiling the chat template: {0}")]
     CompileTemplate(String),
     /// The model has no chat template, so chat requests cannot be served.
-    #[error("the model's tokenizer_config.json has no chat_template")]
+    #[error(
+        "the model has no chat template (no chat_template.jinja, no chat_template in tokenizer_config.json)"
+    )]
     NoChatTemplate,
     /// Rendering failed (including the template's own `raise_exception`).
     #[error("rendering the chat template: {0}")]
@@ -70,11 +97,87 @@ enum Vocabulary {
     Bytes,
 }
 
+/// A model's chat templates, compiled, under the names transformers gives them.
+#[derive(Debug)]
+struct ChatTemplates {
+    env: minijinja::Environment<'static>,
+    /// The names, in the order a request that names none falls back through.
+    names: Vec<String>,
+}
+
+impl ChatTemplates {
+    fn compile(templates: Vec<(String, String)>) -> Result<Option<Self>, PromptError> {
+        if templates.is_empty() {
+            return Ok(None);
+        }
+        let env = build_named_environment(
+            templates
+                .iter()
+                .map(|(name, text)| (name.as_str(), text.as_str())),
+        )
+        .map_err(|e| PromptError::CompileTemplate(e.to_string()))?;
+        Ok(Some(Self {
+            env,
+            names: templates.into_iter().map(|(name, _)| name).collect(),
+        }))
+    }
+}
+
+/// Which of a model's templates renders a request, as transformers'
+/// `get_chat_template` picks: `tool_use` for a request with tools when the model has
+/// one, else `default`. A model with neither (a list without a `default`, which
+/// transformers refuses) renders with its first, so the router still hashes what the
+/// engine will most likely see.
+pub fn choose_chat_template(names: &[String], has_tools: bool) -> Option<&str> {
+    let named = |wanted: &str| names.iter().find(|n| *n == wanted).map(String::as_str);
+    has_tools
+        .then(|| named("tool_use"))
+        .flatten()
+        .or_else(|| named("default"))
+        .or_else(|| names.first().map(String::as_str))
+}
+
+/// A model's chat templates as transformers reads them from its files: the standalone
+/// files when there are any (`chat_template.jinja` is `default`,
+/// `additional_chat_templates/<name>.jinja` is `<name>`), which then win over
+/// `tokenizer_config.json`; else its `chat_template`, a string (`default`) or a list of
+/// `{name, template}`. `files` are (path in the folder, text) of the template files.
+pub fn collect_chat_templates(
+    config: Option<&Map<String, Json>>,
+    files: &[(String, String)],
+) -> Vec<(String, String)> {
+    let mut from_files: Vec<(String, String)> = files
+        .iter()
+        .filter_map(|(path, text)| {
+            infera_proto::tokenizer::chat_template_name(path)
+                .map(|name| (name.to_owned(), text.clone()))
+        })
+        .collect();
+    if !from_files.is_empty() {
+        // `default` first, the named ones by name.
+        from_files.sort_by(|a, b| (a.0 != "default", &a.0).cmp(&(b.0 != "default", &b.0)));
+        return from_files;
+    }
+    match config.and_then(|c| c.get("chat_template")) {
+        Some(Json::String(s)) => vec![("default".into(), s.clone())],
+        Some(Json::Array(list)) => list
+            .iter()
+            .filter_map(|t| {
+                Some((
+                    t.get("name")?.as_str()?.to_owned(),
+                    t.get("template")?.as_str()?.to_owned(),
+                ))
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
 /// A model's prompt codec: chat template plus tokenizer.
 #[derive(Debug)]
 pub struct PromptCodec {
     vocabulary: Vocabulary,
-    env: Option<minijinja::Environment<'static>>,
+    templates: Option<ChatTemplates>,
     special_tokens: Map<String, Json>,
     source: String,
 }
@@ -84,75 +187,108 @@ impl PromptCodec {
     pub fn bytes() -> Self {
         Self {
             vocabulary: Vocabulary::Bytes,
-            env: build_environment(BYTES_CHAT_TEMPLATE).ok(),
+            templates: build_environment(BYTES_CHAT_TEMPLATE)
+                .ok()
+                .map(|env| ChatTemplates {
+                    env,
+                    names: vec![CHAT_TEMPLATE.into()],
+                }),
             special_tokens: Map::new(),
             source: "builtin:bytes".into(),
         }
     }
 
-    /// Loads `tokenizer.json` and `tokenizer_config.json` (chat template and special
-    /// tokens) from a directory, or just a `tokenizer.json` file (no chat template).
+    /// Loads a model folder (`tokenizer.json`, `tokenizer_config.json` for the special
+    /// tokens, and the chat templates as transformers finds them:
+    /// [`collect_chat_templates`]), or just a `tokenizer.json` file (no chat template).
+    /// A folder with a tiktoken vocabulary and no `tokenizer.json` is
+    /// [`PromptError::TiktokenOnly`].
     pub fn load(path: &Path) -> Result<Self, PromptError> {
-        let (tokenizer_file, config_file) = if path.is_dir() {
-            (
-                path.join("tokenizer.json"),
-                Some(path.join("tokenizer_config.json")),
-            )
-        } else {
-            (path.to_owned(), None)
-        };
-        let tokenizer = std::fs::read(&tokenizer_file).map_err(|e| PromptError::LoadTokenizer {
-            path: tokenizer_file.clone(),
-            message: e.to_string(),
-        })?;
-        let config = match config_file.filter(|f| f.exists()) {
-            Some(f) => Some((
-                std::fs::read(&f).map_err(|e| PromptError::LoadConfig {
-                    path: f.clone(),
-                    message: e.to_string(),
-                })?,
-                f,
-            )),
-            None => None,
-        };
-        Self::from_files(
-            (&tokenizer, &tokenizer_file),
-            config.as_ref().map(|(b, f)| (b.as_slice(), f.as_path())),
-            path.display().to_string(),
-        )
-    }
-
-    /// A codec from the contents of `tokenizer.json` and, if any, `tokenizer_config.json`
-    /// (each with the name errors give it), known as `source`.
-    pub fn from_files(
-        (tokenizer, tokenizer_name): (&[u8], &Path),
-        config: Option<(&[u8], &Path)>,
-        source: String,
-    ) -> Result<Self, PromptError> {
-        let tokenizer =
-            Tokenizer::from_bytes(tokenizer).map_err(|e| PromptError::LoadTokenizer {
-                path: tokenizer_name.to_owned(),
+        if !path.is_dir() {
+            let tokenizer = std::fs::read(path).map_err(|e| PromptError::LoadTokenizer {
+                path: path.to_owned(),
                 message: e.to_string(),
             })?;
+            return Self::build(
+                &[(TOKENIZER_JSON.to_owned(), tokenizer)],
+                path,
+                true,
+                path.display().to_string(),
+            );
+        }
+        let files = read_model_files(path)?;
+        Self::build(&files, path, false, path.display().to_string())
+    }
+
+    /// A codec from a model folder's files given as (path in the folder, bytes):
+    /// `tokenizer.json`, and if any `tokenizer_config.json` and the chat template files
+    /// ([`collect_chat_templates`]); other files are ignored. Known as `source`; errors
+    /// name the files by their path in the folder.
+    pub fn from_files(files: &[(String, Vec<u8>)], source: String) -> Result<Self, PromptError> {
+        Self::build(files, Path::new(""), false, source)
+    }
+
+    /// `base`: the folder errors name files in, or the tokenizer file itself (`single`).
+    fn build(
+        files: &[(String, Vec<u8>)],
+        base: &Path,
+        single: bool,
+        source: String,
+    ) -> Result<Self, PromptError> {
+        let path_of = |name: &str| {
+            if single {
+                base.to_owned()
+            } else {
+                base.join(name)
+            }
+        };
+        let file = |name: &str| files.iter().find(|(n, _)| n == name).map(|(_, b)| b);
+        let Some(tokenizer_bytes) = file(TOKENIZER_JSON) else {
+            if files
+                .iter()
+                .any(|(n, _)| infera_proto::tokenizer::is_tiktoken_file(n))
+            {
+                return Err(PromptError::TiktokenOnly {
+                    path: base.to_owned(),
+                });
+            }
+            return Err(PromptError::LoadTokenizer {
+                path: path_of(TOKENIZER_JSON),
+                message: "no such file".into(),
+            });
+        };
+        let tokenizer =
+            Tokenizer::from_bytes(tokenizer_bytes).map_err(|e| PromptError::LoadTokenizer {
+                path: path_of(TOKENIZER_JSON),
+                message: e.to_string(),
+            })?;
+        let config = file(TOKENIZER_CONFIG_JSON)
+            .map(|bytes| parse_config(bytes, &path_of(TOKENIZER_CONFIG_JSON)))
+            .transpose()?;
         let mut special_tokens = Map::new();
-        let mut env = None;
-        if let Some((bytes, name)) = config {
-            let config = parse_config(bytes, name)?;
+        if let Some(config) = &config {
             for name in ["bos_token", "eos_token", "unk_token", "pad_token"] {
                 if let Some(token) = config.get(name).and_then(token_content) {
                     special_tokens.insert(name.to_owned(), Json::String(token));
                 }
             }
-            if let Some(template) = chat_template(&config) {
-                env = Some(
-                    build_environment(&template)
-                        .map_err(|e| PromptError::CompileTemplate(e.to_string()))?,
-                );
+        }
+        let mut template_files = Vec::new();
+        for (name, bytes) in files {
+            if infera_proto::tokenizer::chat_template_name(name).is_some() {
+                let text =
+                    String::from_utf8(bytes.clone()).map_err(|e| PromptError::LoadTemplate {
+                        path: path_of(name),
+                        message: e.to_string(),
+                    })?;
+                template_files.push((name.clone(), text));
             }
         }
+        let templates =
+            ChatTemplates::compile(collect_chat_templates(config.as_ref(), &template_files))?;
         Ok(Self {
             vocabulary: Vocabulary::HuggingFace(Box::new(tokenizer)),
-            env,
+            templates,
             special_tokens,
             source,
         })
@@ -165,7 +301,12 @@ impl PromptCodec {
 
     /// Whether chat requests can be rendered.
     pub fn has_chat_template(&self) -> bool {
-        self.env.is_some()
+        self.templates.is_some()
+    }
+
+    /// The names of the model's chat templates (`default`, `tool_use`, ...).
+    pub fn chat_template_names(&self) -> &[String] {
+        self.templates.as_ref().map_or(&[], |t| t.names.as_slice())
     }
 
     /// Renders chat `messages` (and `tools`) as `apply_chat_template(...,
@@ -177,9 +318,13 @@ impl PromptCodec {
         add_generation_prompt: bool,
         extra: &Map<String, Json>,
     ) -> Result<String, PromptError> {
-        let env = self.env.as_ref().ok_or(PromptError::NoChatTemplate)?;
-        let template = env
-            .get_template(CHAT_TEMPLATE)
+        let templates = self.templates.as_ref().ok_or(PromptError::NoChatTemplate)?;
+        let has_tools = tools.is_some_and(|t| !t.is_null());
+        let name =
+            choose_chat_template(&templates.names, has_tools).ok_or(PromptError::NoChatTemplate)?;
+        let template = templates
+            .env
+            .get_template(name)
             .map_err(|e| PromptError::RenderTemplate(e.to_string()))?;
         let mut names: Map<String, Json> = self.special_tokens.clone();
         for (k, v) in extra {
@@ -280,23 +425,60 @@ fn token_content(value: &Json) -> Option<String> {
     }
 }
 
-/// `chat_template` is a string, or a list of `{name, template}` (the `default` one wins).
-fn chat_template(config: &Map<String, Json>) -> Option<String> {
-    match config.get("chat_template")? {
-        Json::String(s) => Some(s.clone()),
-        Json::Array(list) => {
-            let named = |name: &str| {
-                list.iter()
-                    .find(|t| t.get("name").and_then(Json::as_str) == Some(name))
-                    .and_then(|t| t.get("template")?.as_str().map(str::to_owned))
-            };
-            named("default").or_else(|| {
-                list.first()
-                    .and_then(|t| t.get("template")?.as_str().map(str::to_owned))
+/// The files of the model folder `dir` a codec reads: `tokenizer.json`,
+/// `tokenizer_config.json`, the chat templates, and the names of any tiktoken
+/// vocabulary (empty bytes: only their presence matters).
+fn read_model_files(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, PromptError> {
+    let mut names: Vec<String> = [
+        TOKENIZER_JSON,
+        TOKENIZER_CONFIG_JSON,
+        infera_proto::tokenizer::CHAT_TEMPLATE_FILE,
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect();
+    let listed = |folder: &Path| -> Vec<String> {
+        std::fs::read_dir(folder)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter(|e| e.path().is_file())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
             })
+            .unwrap_or_default()
+    };
+    let templates_dir = dir.join(infera_proto::tokenizer::CHAT_TEMPLATE_DIR);
+    let mut named: Vec<String> = listed(&templates_dir)
+        .into_iter()
+        .map(|n| format!("{}/{n}", infera_proto::tokenizer::CHAT_TEMPLATE_DIR))
+        .filter(|p| infera_proto::tokenizer::chat_template_name(p).is_some())
+        .collect();
+    named.sort();
+    names.extend(named);
+    let mut files = Vec::new();
+    for name in names {
+        let path = dir.join(&name);
+        if !path.is_file() {
+            continue;
         }
-        _ => None,
+        let bytes = std::fs::read(&path).map_err(|e| {
+            let message = e.to_string();
+            match name.as_str() {
+                TOKENIZER_JSON => PromptError::LoadTokenizer { path, message },
+                TOKENIZER_CONFIG_JSON => PromptError::LoadConfig { path, message },
+                _ => PromptError::LoadTemplate { path, message },
+            }
+        })?;
+        files.push((name, bytes));
     }
+    files.extend(
+        listed(dir)
+            .into_iter()
+            .filter(|n| infera_proto::tokenizer::is_tiktoken_file(n))
+            .map(|n| (n, Vec::new())),
+    );
+    Ok(files)
 }
 
 fn render_error_text(e: &minijinja::Error) -> String {

@@ -2,8 +2,10 @@
 //!
 //! KV-aware routing only works when the router tokenizes exactly as the engine does, and
 //! the simulated engine must count tokens the way a real one does, so both use this
-//! crate: the model's Hugging Face `tokenizer.json` and the Jinja chat template from its
-//! `tokenizer_config.json`, rendered as `transformers`' `apply_chat_template` renders it.
+//! crate: the model's Hugging Face `tokenizer.json` and its Jinja chat templates where
+//! `transformers` finds them (`chat_template.jinja`, `additional_chat_templates/`, else
+//! `tokenizer_config.json`), rendered as `transformers`' `apply_chat_template` renders
+//! them.
 //!
 //! - [`template`]: the Jinja environment with `transformers`' conventions
 //!   (`trim_blocks`, `lstrip_blocks`, loop controls, Python string methods,

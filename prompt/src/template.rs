@@ -8,11 +8,19 @@ use minijinja::value::{Kwargs, Value};
 use minijinja::{Environment, Error, ErrorKind};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Name the chat template is registered under.
+/// Name a lone chat template is registered under by [`build_environment`].
 pub const CHAT_TEMPLATE: &str = "chat";
 
-/// An environment holding one chat template.
+/// An environment holding one chat template, as [`CHAT_TEMPLATE`].
 pub fn build_environment(template: &str) -> Result<Environment<'static>, Error> {
+    build_named_environment([(CHAT_TEMPLATE, template)])
+}
+
+/// An environment holding each of `templates` under its name (a model's named chat
+/// templates: `default`, `tool_use`, ...).
+pub fn build_named_environment<'a>(
+    templates: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<Environment<'static>, Error> {
     let mut env = Environment::new();
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
@@ -20,7 +28,9 @@ pub fn build_environment(template: &str) -> Result<Environment<'static>, Error> 
     env.add_filter("tojson", tojson);
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
-    env.add_template_owned(CHAT_TEMPLATE, template.to_owned())?;
+    for (name, template) in templates {
+        env.add_template_owned(name.to_owned(), template.to_owned())?;
+    }
     Ok(env)
 }
 

@@ -26,4 +26,37 @@ pub struct TokenizerManifest {
     pub digest: String,
     /// File names (tokenizer files only), each served at `TOKENIZER_PATH/<name>`.
     pub files: Vec<String>,
+    /// Chat template files (`chat_template.jinja`,
+    /// `additional_chat_templates/<name>.jinja`: [`crate::tokenizer::chat_template_name`]),
+    /// each served at `TOKENIZER_PATH/<path>`. Apart from `files`, so a gateway of an
+    /// earlier release, which refuses a manifest listing a file that is not a tokenizer
+    /// file, still loads the tokenizer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chat_templates: Vec<String>,
+    /// The digest of the chat templates ([`crate::tokenizer::compute_named_digest`]),
+    /// outside `digest` as templates were outside the earlier compat key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_templates_digest: Option<String>,
+}
+
+/// Where the sidecar (on its status port) takes a prefetch hint for the kvd beside its
+/// engine (`POST`, a [`PrefetchHintRequest`]): it sends kvd one `prefetch_hint` frame and
+/// answers 202 `{"accepted": true, "n_keys": N}`, or 503 when it has no kvd (no
+/// `--kvd-socket`) or kvd is unreachable. Callers outside the Pod's loopback send
+/// [`DRAIN_TOKEN_HEADER`], as for `/drain`; a gateway forwards its
+/// `POST /v1/cache/prewarm` here.
+pub const KVD_PREFETCH_PATH: &str = "/kvd/prefetch";
+
+/// A prefetch hint for kvd, as JSON: kvd's `prefetch_hint` fields, the keys as hex.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PrefetchHintRequest {
+    /// The block keys, hex (8 bytes each: kvd's keys; others match nothing).
+    pub keys: Vec<String>,
+    /// The model the keys belong to.
+    pub model: String,
+    /// The engine compatibility key ("" = none given).
+    #[serde(default)]
+    pub compat_key: String,
+    /// How long warmed entries are worth keeping, in milliseconds.
+    pub deadline_ms: u64,
 }

@@ -34,6 +34,42 @@ pub fn is_tokenizer_file(name: &str) -> bool {
         || (name.starts_with("tokeniz") && name.ends_with(".py"))
 }
 
+/// transformers' standalone chat template, beside the tokenizer files (what
+/// `save_pretrained` writes from transformers 4.50 on; it wins over a `chat_template` in
+/// `tokenizer_config.json`). The template transformers calls `default`.
+pub const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
+
+/// The folder of named chat templates beside [`CHAT_TEMPLATE_FILE`]: `<name>.jinja` is
+/// the template transformers calls `<name>` (e.g. `tool_use`, chosen for requests with
+/// tools).
+pub const CHAT_TEMPLATE_DIR: &str = "additional_chat_templates";
+
+/// The template name a chat template file holds, when `path` (relative to the model
+/// folder, `/`-separated) is one transformers reads: `default` for
+/// [`CHAT_TEMPLATE_FILE`], `<name>` for `CHAT_TEMPLATE_DIR/<name>.jinja`. Chat templates
+/// are outside the tokenizer digest, as they were outside the earlier compat key.
+pub fn chat_template_name(path: &str) -> Option<&str> {
+    if path == CHAT_TEMPLATE_FILE {
+        return Some("default");
+    }
+    let name = path
+        .strip_prefix(CHAT_TEMPLATE_DIR)?
+        .strip_prefix('/')?
+        .strip_suffix(".jinja")?;
+    let plain = !name.is_empty()
+        && !name.starts_with('.')
+        && !name.contains(['/', '\\'])
+        && name != "default";
+    plain.then_some(name)
+}
+
+/// Whether a tokenizer file is a tiktoken vocabulary (`tiktoken.model`, `*.tiktoken`),
+/// a format the router cannot read: it reads `tokenizer.json`.
+pub fn is_tiktoken_file(name: &str) -> bool {
+    let name = name.to_lowercase();
+    name == "tiktoken.model" || name.ends_with(".tiktoken")
+}
+
 /// Digest of a tokenizer that is one file (`tokenizer.json`): the first 16 hex
 /// characters of sha256 over its bytes.
 pub fn compute_file_digest(bytes: &[u8]) -> String {
@@ -48,10 +84,20 @@ pub fn compute_directory_digest<'a, I>(files: I) -> String
 where
     I: IntoIterator<Item = (&'a str, &'a [u8])>,
 {
-    let mut chosen: Vec<(&str, &[u8])> = files
-        .into_iter()
-        .filter(|(name, _)| is_tokenizer_file(name))
-        .collect();
+    compute_named_digest(
+        files
+            .into_iter()
+            .filter(|(name, _)| is_tokenizer_file(name)),
+    )
+}
+
+/// The directory rule over every file given, none filtered out: the digest a sidecar
+/// states for the chat templates it serves (outside the tokenizer digest).
+pub fn compute_named_digest<'a, I>(files: I) -> String
+where
+    I: IntoIterator<Item = (&'a str, &'a [u8])>,
+{
+    let mut chosen: Vec<(&str, &[u8])> = files.into_iter().collect();
     chosen.sort_by(|a, b| a.0.cmp(b.0));
     let mut hasher = Sha256::new();
     for (name, bytes) in chosen {
@@ -123,6 +169,30 @@ mod tests {
         reversed.reverse();
         reversed.push(("model.safetensors", b"weights"));
         assert_eq!(compute_directory_digest(reversed), v.digest);
+    }
+
+    #[test]
+    fn chat_template_files_are_named_as_transformers_names_them() {
+        assert_eq!(chat_template_name("chat_template.jinja"), Some("default"));
+        assert_eq!(
+            chat_template_name("additional_chat_templates/tool_use.jinja"),
+            Some("tool_use")
+        );
+        for refused in [
+            "additional_chat_templates/.jinja",
+            "additional_chat_templates/../x.jinja",
+            "additional_chat_templates/a/b.jinja",
+            "additional_chat_templates/default.jinja",
+            "additional_chat_templates/rag.txt",
+            "chat_template.json",
+            "x/chat_template.jinja",
+        ] {
+            assert_eq!(chat_template_name(refused), None, "{refused}");
+        }
+        // Outside the tokenizer digest, as in the earlier compat key.
+        assert!(!is_tokenizer_file("chat_template.jinja"));
+        assert!(is_tiktoken_file("tiktoken.model") && is_tiktoken_file("o200k.tiktoken"));
+        assert!(!is_tiktoken_file("tokenizer.json"));
     }
 
     #[test]

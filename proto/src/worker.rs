@@ -233,6 +233,13 @@ pub struct KvInfo {
 /// deployment's topology. Readers that do not know it keep it as an unknown field.
 pub const REVISION_FIELD: &str = "revision";
 
+/// The record field a sidecar writes when its engine's tokenizer is in a format the
+/// router cannot read (`"tiktoken"`: `tiktoken.model` or `*.tiktoken`, no
+/// `tokenizer.json`): such a worker has no tokenizer canary, and a gateway routes its
+/// prompts hashed as UTF-8 bytes, with a warning. Readers that do not know it keep it as
+/// an unknown field.
+pub const TOKENIZER_FORMAT_FIELD: &str = "tokenizer_format";
+
 /// One engine endpoint as registered in discovery.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "Map<String, Value>")]
@@ -741,6 +748,12 @@ impl WorkerRecord {
     /// record names one (Infera's operator-made workers from 0.2.0 on).
     pub fn revision(&self) -> Option<&str> {
         self.extra.get(REVISION_FIELD)?.as_str()
+    }
+
+    /// The tokenizer format the record reports ([`TOKENIZER_FORMAT_FIELD`]), when its
+    /// sidecar found one the router cannot read.
+    pub fn tokenizer_format(&self) -> Option<&str> {
+        self.extra.get(TOKENIZER_FORMAT_FIELD)?.as_str()
     }
 
     /// Names the revision the worker runs, after the fields every reader knows.

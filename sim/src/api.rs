@@ -1,5 +1,6 @@
 //! The HTTP API of one simulated worker: the OpenAI endpoints (JSON and SSE), health,
-//! metrics with the engine's own names, the info endpoints routers probe, and the
+//! metrics with the engine's own names, the info endpoints routers probe, the profiler
+//! controls (`/start_profile`, `/stop_profile`, answered as the engine does), and the
 //! simulator's fault controls.
 
 use crate::core::NewRequest;
@@ -55,6 +56,8 @@ pub fn build_router(state: Shared) -> Router {
         .route("/version", get(version))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/flush_cache", post(reset_prefix_cache))
+        .route("/start_profile", post(start_profile))
+        .route("/stop_profile", post(stop_profile))
         .route("/sim/faults", get(get_faults).post(set_faults))
         .route("/sim/trace", get(last_trace))
         // Engines take prompts of any size their context allows (vLLM sets no body
@@ -531,6 +534,27 @@ async fn reset_prefix_cache(State(s): State<Shared>) -> Response {
     } else {
         StatusCode::SERVICE_UNAVAILABLE.into_response()
     }
+}
+
+/// What the engine answers to a profiler control: SGLang a line of text (its
+/// `http_server.py`), vLLM and ATOM an empty 200 (vLLM's `profile/api_router.py`). The
+/// simulator records nothing.
+fn profile_answer(engine: EngineKind, start: bool) -> Response {
+    match (engine, start) {
+        (EngineKind::Sglang, true) => "Start profiling.\n".into_response(),
+        (EngineKind::Sglang, false) => {
+            "Stop profiling. This will take some time.\n".into_response()
+        }
+        _ => StatusCode::OK.into_response(),
+    }
+}
+
+async fn start_profile(State(s): State<Shared>) -> Response {
+    profile_answer(s.flavor.0, true)
+}
+
+async fn stop_profile(State(s): State<Shared>) -> Response {
+    profile_answer(s.flavor.0, false)
 }
 
 async fn get_faults(State(s): State<Shared>) -> Response {

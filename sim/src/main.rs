@@ -30,7 +30,15 @@ async fn run() -> Result<()> {
     }
     let configs = cli.worker_configs()?;
     let codec = Arc::new(match &cli.tokenizer {
-        Some(path) => PromptCodec::load(path)?,
+        Some(path) => match PromptCodec::load(path) {
+            // A real engine reads it through transformers' remote code; the simulator
+            // counts bytes instead, as a gateway routing such a model does.
+            Err(e @ infera_prompt::PromptError::TiktokenOnly { .. }) => {
+                tracing::warn!("{e}; the simulator counts UTF-8 bytes as tokens");
+                PromptCodec::bytes()
+            }
+            loaded => loaded?,
+        },
         None => PromptCodec::bytes(),
     });
     let generator = Arc::new(build_generator(&codec));

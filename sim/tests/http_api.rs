@@ -329,3 +329,28 @@ async fn a_real_tokenizer_counts_prompt_tokens_like_the_engine() {
             .is_empty()
     );
 }
+
+#[tokio::test]
+async fn profiler_controls_answer_as_the_engine_does() {
+    let http = reqwest::Client::new();
+    for (engine, start_text, stop_text) in [
+        (
+            EngineKind::Sglang,
+            "Start profiling.\n",
+            "Stop profiling. This will take some time.\n",
+        ),
+        (EngineKind::Vllm, "", ""),
+    ] {
+        let worker = start(mk_config(engine)).await;
+        for (path, text) in [("/start_profile", start_text), ("/stop_profile", stop_text)] {
+            let r = http
+                .post(url(&worker, path))
+                .json(&json!({}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200, "{engine:?} {path}");
+            assert_eq!(r.text().await.unwrap(), text, "{engine:?} {path}");
+        }
+    }
+}

@@ -936,7 +936,8 @@ mod tests {
     #[test]
     fn router_flags_the_gateway_reads_from_env_are_carried_there() {
         let router = json!({"componentType": "server", "args": ["--router-mode", "direct", "--request-max-retries", "2",
-            "--breaker-failure-threshold", "0", "--router-backend", "python", "--kv-overlap-weight", "3"]});
+            "--breaker-failure-threshold", "0", "--router-backend", "python", "--kv-overlap-weight", "3",
+            "--enable-profiling", "--enable-scaling-api", "--kvd-socket-path", "/run/kvd.sock"]});
         let c = convert_deployment(earlier(
             json!({"router": router, "w": worker("mixed", 1, json!({}))}),
         ));
@@ -944,8 +945,14 @@ mod tests {
         let gateway = &c.documents[0]["spec"]["gateway"];
         assert_eq!(
             gateway["podTemplate"]["spec"]["containers"],
-            json!([{"name": "gateway", "env": [{"name": "INFERA_ROUTER_MODE", "value": "direct"}, {"name": "INFERA_REQUEST_MAX_RETRIES", "value": "2"}]}])
+            json!([{"name": "gateway", "env": [
+                {"name": "INFERA_ROUTER_MODE", "value": "direct"},
+                {"name": "INFERA_REQUEST_MAX_RETRIES", "value": "2"},
+                {"name": "INFERA_BREAKER_FAILURE_THRESHOLD", "value": "0"},
+                {"name": "INFERA_ENABLE_PROFILING", "value": "1"},
+            ]}])
         );
+        assert_eq!(gateway["scalingApi"], true);
         assert_eq!(
             (
                 gateway["kvOverlapWeight"].clone(),
@@ -961,12 +968,22 @@ mod tests {
             .map(|f| f.message.as_str())
             .collect();
         assert!(
-            warned[0].starts_with("--breaker-failure-threshold 0"),
-            "{warned:?}"
+            warned.is_empty(),
+            "every earlier router flag is carried or accepted: {warned:?}"
         );
-        assert!(
-            warned[1].starts_with("--router-backend python: no field"),
-            "{warned:?}"
-        );
+        let noted = |prefix: &str| {
+            c.findings
+                .0
+                .iter()
+                .any(|f| f.severity == Severity::Note && f.message.starts_with(prefix))
+        };
+        for prefix in [
+            "--router-backend python: the gateway is a Rust router",
+            "--enable-scaling-api: spec.gateway.scalingApi: true",
+            "--kvd-socket-path: dropped",
+            "--breaker-failure-threshold 0: no field of spec.gateway",
+        ] {
+            assert!(noted(prefix), "{prefix}: {:?}", c.findings);
+        }
     }
 }

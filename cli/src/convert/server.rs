@@ -254,14 +254,26 @@ fn read_server_flag(
                 findings.note(path, "--request-transport nats: the gateway reaches workers over HTTP (the NATS request plane is not built here)");
             }
         }
+        "--router-backend" => findings.note(
+            path,
+            format!("{}: the gateway is a Rust router and accepts the flag choosing nothing; dropped", flag.words.join(" ")),
+        ),
+        "--enable-scaling-api" => {
+            s.gateway.insert("scalingApi".into(), json!(true));
+            findings.note(path, "--enable-scaling-api: spec.gateway.scalingApi: true (the gateways get a Role to get and patch this deployment, and the flag)");
+        }
+        "--enable-profiling" => {
+            findings.note(path, "--enable-profiling: no field of spec.gateway; carried as the gateway container's INFERA_ENABLE_PROFILING");
+            s.env.push(json!({"name": "INFERA_ENABLE_PROFILING", "value": "1"}));
+        }
+        "--kvd-socket-path" => findings.note(
+            path,
+            "--kvd-socket-path: dropped; with spec.kvCache the gateways send prewarm hints through each worker's sidecar to the kvd beside it",
+        ),
         name => match GATEWAY_ENV.iter().find(|(f, _)| *f == name) {
             Some((_, var)) if value.is_some() => {
-                if name == "--breaker-failure-threshold" && value.as_deref() == Some("0") {
-                    findings.warn(path, "--breaker-failure-threshold 0 (the earlier router's way to turn the breaker off) is refused by the gateway; dropped, the breaker stays on");
-                } else {
-                    findings.note(path, format!("{}: no field of spec.gateway; carried as the gateway container's {var}", flag.words.join(" ")));
-                    s.env.push(json!({"name": var, "value": value}));
-                }
+                findings.note(path, format!("{}: no field of spec.gateway; carried as the gateway container's {var}", flag.words.join(" ")));
+                s.env.push(json!({"name": var, "value": value}));
             }
             _ => findings.warn(
                 path,

@@ -1,14 +1,13 @@
 //! The gateway's own views: `/v1/models`, `/v1/workers` (the earlier server's entries
-//! plus breaker, health and in-flight state), `/v1/admin/cache-view/{worker_id}`,
-//! `/health`, `/ready`, `/infera/tokenizer` and `/metrics`.
+//! plus breaker, health and in-flight state), `/health`, `/ready`, `/infera/tokenizer`
+//! and `/metrics`. The cache view is in `control`, with the earlier server's other
+//! cache and control endpoints.
 
 use crate::http::Shared;
 use crate::http::auth::{key_accepted, presented_keys};
-use crate::http::errors::{Shape, error_response};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use infera_proto::error_class::{ApiError, ErrorClass};
 use infera_proto::worker::{WorkerRecord, WorkerStatus};
 use serde_json::{Value, json};
 use std::time::Instant;
@@ -84,31 +83,6 @@ pub(crate) async fn workers(State(gw): State<Shared>) -> Response {
         })
         .collect();
     axum::Json(json!({"workers": list, "synced": gw.registry.is_synced()})).into_response()
-}
-
-pub(crate) async fn cache_view(
-    State(gw): State<Shared>,
-    axum::extract::Path(worker_id): axum::extract::Path<String>,
-) -> Response {
-    let Some(kv) = &gw.kv else {
-        let err = ApiError::new(
-            ErrorClass::BadRequest,
-            "kv-aware routing is off (--router-policy kv-aware turns it on)",
-        );
-        return error_response(&err, Shape::OpenAi, "");
-    };
-    let snap = gw.registry.snapshot();
-    match snap.workers.get(&worker_id) {
-        Some(record) => axum::Json(kv.cache_view(record)).into_response(),
-        None => {
-            let err = ApiError::new(
-                ErrorClass::ModelNotFound,
-                format!("no worker {worker_id} is registered"),
-            )
-            .with_code("worker_not_found");
-            error_response(&err, Shape::OpenAi, "")
-        }
-    }
 }
 
 /// `/health`: the earlier server's answer, `active_workers` counting the workers that

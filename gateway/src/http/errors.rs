@@ -1,6 +1,8 @@
 //! How the HTTP front answers what it refuses: the one place an [`ApiError`] becomes a
 //! response, in the OpenAI or Anthropic error JSON the route speaks, with the request id
-//! and, for "not now" answers, `Retry-After`. Also the 404 and 405 fallbacks.
+//! and, for "not now" answers, `Retry-After`; and the one place a control endpoint's
+//! refusal becomes the earlier server's FastAPI `{"detail": ...}` ([`detail_response`]).
+//! Also the 404 and 405 fallbacks.
 
 use crate::send::upstream::REQUEST_ID_HEADER;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
@@ -56,6 +58,12 @@ pub(crate) fn with_request_id(mut resp: Response, request_id: &str) -> Response 
         resp.headers_mut().insert(REQUEST_ID_HEADER, v);
     }
     resp
+}
+
+/// A control endpoint's refusal as the earlier server's FastAPI rendered an
+/// `HTTPException`: `{"detail": "<message>"}`, compact, with `status`.
+pub(crate) fn detail_response(status: StatusCode, message: &str) -> Response {
+    (status, axum::Json(serde_json::json!({"detail": message}))).into_response()
 }
 
 pub(crate) fn error_response(err: &ApiError, shape: Shape, request_id: &str) -> Response {

@@ -1,13 +1,14 @@
 //! The HTTP front: the listener (connections, header deadlines, TLS), the layers around
 //! the routes (API keys, admission, draining), one module per API (OpenAI, Anthropic),
-//! the gateway's own views, and the pipeline every API shares between parsing a request
-//! and rendering its answer. It parses and renders; choosing is `route/`, sending is
+//! the gateway's own views, the earlier server's cache and control endpoints, and the
+//! pipeline every API shares between parsing a request and rendering its answer. It parses and renders; choosing is `route/`, sending is
 //! `send/`.
 
 pub(crate) mod admin;
 pub(crate) mod anthropic;
 pub(crate) mod auth;
 pub(crate) mod body;
+pub(crate) mod control;
 pub(crate) mod errors;
 pub(crate) mod listener;
 pub(crate) mod middleware;
@@ -36,7 +37,15 @@ pub(crate) fn build_router(gw: Shared) -> Router {
         .merge(served)
         .route("/v1/models", get(admin::models))
         .route("/v1/workers", get(admin::workers))
-        .route("/v1/admin/cache-view/{worker_id}", get(admin::cache_view))
+        .route("/v1/kv-stats", get(control::kv_stats))
+        .route("/v1/admin/cache-view/{worker_id}", get(control::cache_view))
+        .route("/v1/cache/prewarm", post(control::prewarm))
+        .route("/v1/admin/profile/start", post(control::profile_start))
+        .route("/v1/admin/profile/stop", post(control::profile_stop))
+        .route(
+            "/v1/admin/scale",
+            get(control::scale_get).post(control::scale_post),
+        )
         .layer(from_fn_with_state(gw.clone(), middleware::require_auth));
     Router::new()
         .merge(api)

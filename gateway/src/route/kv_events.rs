@@ -8,7 +8,7 @@
 //! size would otherwise show up only as a 0% hit rate.
 
 use crate::metrics::Metrics;
-use crate::route::kv_state::{KvRouter, block_size_of, is_approximate};
+use crate::route::kv_state::{IngestCounters, KvRouter, block_size_of, is_approximate};
 use crate::workers::registry::Registry;
 use bytes::Bytes;
 use futures::StreamExt;
@@ -128,6 +128,11 @@ pub(crate) async fn run_zmq_ingest(
             }
             keep
         });
+        if let Ok(mut endpoints) = kv.ingest.endpoints.lock() {
+            let mut now: Vec<String> = desired.values().map(|s| s.endpoint.clone()).collect();
+            now.sort();
+            *endpoints = now;
+        }
         for (target, spec) in desired {
             if let std::collections::hash_map::Entry::Vacant(slot) = running.entry(target) {
                 let handle = tasks.spawn(subscribe(
@@ -156,8 +161,12 @@ fn ingest(
     block_size: u32,
     payload: &[u8],
 ) {
+    let counters = &kv.ingest;
+    IngestCounters::add(&counters.batches_received, 1);
     match decode_kv_event_batch(payload) {
         Ok(batch) => {
+            IngestCounters::add(&counters.batches_decoded, 1);
+            IngestCounters::add(&counters.events_received, batch.events.len() as u64);
             metrics.record_kv_event("applied");
             for skip in kv.apply_batch(target, block_size, &batch) {
                 metrics.record_kv_event(skip.label());
@@ -171,6 +180,7 @@ fn ingest(
             }
         }
         Err(e) => {
+            IngestCounters::add(&counters.batches_undecodable, 1);
             metrics.record_kv_event("undecodable");
             if log.first(target, "undecodable") {
                 tracing::error!(
@@ -270,24 +280,46 @@ async fn fill_gap(
     metrics: &Metrics,
     log: &LogOnce,
 ) -> Option<i64> {
+    let counters = &kv.ingest;
+    IngestCounters::add(&counters.replays_pulled, 1);
+    let replayed = replay_round(replay, from, until, spec, kv, metrics, log).await;
+    let counter = match replayed {
+        Err(()) => &counters.replays_failed,
+        Ok(None) => &counters.replays_stale,
+        Ok(Some(_)) => &counters.replays_applied,
+    };
+    IngestCounters::add(counter, 1);
+    replayed.ok().flatten()
+}
+
+/// One replay round; `Err` when the socket failed before answering in full.
+async fn replay_round(
+    replay: &str,
+    from: i64,
+    until: i64,
+    spec: &SubSpec,
+    kv: &KvRouter,
+    metrics: &Metrics,
+    log: &LogOnce,
+) -> Result<Option<i64>, ()> {
     let mut dealer = DealerSocket::new();
     if !matches!(
         tokio::time::timeout(Duration::from_secs(2), dealer.connect(replay)).await,
         Ok(Ok(()))
     ) {
-        return None;
+        return Err(());
     }
     let request = ZmqMessage::try_from(vec![
         Bytes::new(),
         Bytes::copy_from_slice(&encode_sequence(from)),
     ])
-    .ok()?;
-    dealer.send(request).await.ok()?;
+    .map_err(|_| ())?;
+    dealer.send(request).await.map_err(|_| ())?;
     let mut last = None;
     while let Ok(Ok(msg)) = tokio::time::timeout(Duration::from_secs(2), dealer.recv()).await {
         let frames = msg.into_vec();
         let parts: Vec<&[u8]> = frames.iter().map(|b| b.as_ref()).collect();
-        let parsed = parse_zmq_frames(&parts).ok()?;
+        let parsed = parse_zmq_frames(&parts).map_err(|_| ())?;
         if parsed.sequence == REPLAY_END_SEQUENCE {
             break;
         }
@@ -304,7 +336,7 @@ async fn fill_gap(
             last = Some(parsed.sequence);
         }
     }
-    last
+    Ok(last)
 }
 
 /// Consumes relayed batches from JetStream, replaying the stream from its start.

@@ -11,10 +11,11 @@ use crate::workers::registry::Target;
 use arc_swap::ArcSwap;
 use infera_prompt::PromptCodec;
 use infera_proto::block_hash::compute_block_hashes;
-use infera_proto::kv_events::KvEventBatch;
+use infera_proto::kv_events::{KvEvent, KvEventBatch};
 use infera_proto::worker::WorkerRecord;
 use serde_json::{Map, Value, json};
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Views grown from the router's own picks are capped at this many blocks (then reset).
@@ -75,6 +76,69 @@ struct KvState {
     load: LoadState,
 }
 
+/// What the KV-event ingest has done, counted for `/v1/kv-stats` (the earlier server's
+/// index-writer, subscriber and reconciler counters; [`KvRouter::index_stats`] gives its
+/// index counts).
+#[derive(Debug, Default)]
+pub(crate) struct IngestCounters {
+    /// Payloads handed to the decoder.
+    pub batches_received: AtomicU64,
+    /// Of those, decoded.
+    pub batches_decoded: AtomicU64,
+    /// Events in the decoded batches.
+    pub events_received: AtomicU64,
+    /// Payloads no decoder knows.
+    pub batches_undecodable: AtomicU64,
+    /// Stored events applied to a view.
+    pub stored_applied: AtomicU64,
+    /// Removed events applied.
+    pub removed_applied: AtomicU64,
+    /// Cleared events applied.
+    pub cleared_applied: AtomicU64,
+    /// Events the index could not use (`IndexSkip`).
+    pub events_skipped: AtomicU64,
+    /// Replays asked of the engines' replay sockets (after a gap or a reconnect).
+    pub replays_pulled: AtomicU64,
+    /// Of those, ones that applied batches.
+    pub replays_applied: AtomicU64,
+    /// Of those, ones that failed (no answer, a bad frame).
+    pub replays_failed: AtomicU64,
+    /// Of those, ones with nothing newer than what was applied.
+    pub replays_stale: AtomicU64,
+    /// The ZMQ endpoints subscribed to now.
+    pub endpoints: Mutex<Vec<String>>,
+}
+
+impl IngestCounters {
+    /// Adds one to `counter`.
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The value of `counter`.
+    pub(crate) fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}
+
+/// The prefix index's counts under the earlier index's names (`/v1/kv-stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct IndexStats {
+    /// Blocks held in every view.
+    pub nodes: usize,
+    /// Of those, known from KV events.
+    pub confirmed_nodes: usize,
+    /// Of those, assumed from the router's own picks (workers without events).
+    pub optimistic_nodes: usize,
+    /// Targets (workers, ranks) holding blocks.
+    pub publishers: usize,
+    /// Models among them.
+    pub models: usize,
+    /// Block sizes among them (the router keeps one hash chain per block size, where the
+    /// earlier index kept one tree per engine compatibility key).
+    pub compat_keys: usize,
+}
+
 /// The kv-aware router's shared state.
 #[derive(Debug)]
 pub(crate) struct KvRouter {
@@ -85,6 +149,8 @@ pub(crate) struct KvRouter {
     /// Use the router's own picks as every worker's view, ignoring KV events.
     pub approximate_all: bool,
     metrics: Arc<Metrics>,
+    /// What the KV-event ingest did.
+    pub ingest: IngestCounters,
 }
 
 /// Content block types that make a request multimodal (the earlier router's list).
@@ -161,6 +227,7 @@ impl KvRouter {
             weight,
             approximate_all,
             metrics,
+            ingest: IngestCounters::default(),
         })
     }
 
@@ -320,11 +387,69 @@ impl KvRouter {
         let Ok(mut state) = self.state.lock() else {
             return Vec::new();
         };
-        batch
-            .events
+        let mut skips = Vec::new();
+        for event in &batch.events {
+            let skipped = state.index.apply(target, block_size, event);
+            let counter = match (skipped.is_empty(), event) {
+                (false, _) => &self.ingest.events_skipped,
+                (true, KvEvent::BlockStored(_)) => &self.ingest.stored_applied,
+                (true, KvEvent::BlockRemoved(_)) => &self.ingest.removed_applied,
+                (true, KvEvent::AllBlocksCleared) => &self.ingest.cleared_applied,
+            };
+            IngestCounters::add(counter, 1);
+            skips.extend(skipped);
+        }
+        skips
+    }
+
+    /// The index's counts over the targets of `records` (what `/v1/kv-stats` reports).
+    pub(crate) fn index_stats<'r>(
+        &self,
+        records: impl Iterator<Item = &'r WorkerRecord>,
+    ) -> IndexStats {
+        let Ok(state) = self.state.lock() else {
+            return IndexStats::default();
+        };
+        let mut stats = IndexStats::default();
+        let mut models = BTreeSet::new();
+        let mut sizes = BTreeSet::new();
+        for record in records {
+            let approximate = is_approximate(record, self.approximate_all);
+            for target in record.route_targets() {
+                let blocks = state.index.view(&target.key).map_or(0, |v| v.len());
+                if blocks == 0 {
+                    continue;
+                }
+                stats.nodes += blocks;
+                if approximate {
+                    stats.optimistic_nodes += blocks;
+                } else {
+                    stats.confirmed_nodes += blocks;
+                }
+                stats.publishers += 1;
+                models.insert(record.model_name.clone());
+                sizes.insert(record.kv_block_size);
+            }
+        }
+        stats.models = models.len();
+        stats.compat_keys = sizes.len();
+        stats
+    }
+
+    /// Blocks the router believes `worker_id`'s rank `rank` holds (rank 0 when none is
+    /// given, as the earlier cache view read it); 0 for an unknown worker or rank.
+    pub(crate) fn blocks_of(&self, record: Option<&WorkerRecord>, rank: Option<i128>) -> usize {
+        let Some(record) = record else { return 0 };
+        let rank = rank.unwrap_or(0);
+        let Ok(state) = self.state.lock() else {
+            return 0;
+        };
+        record
+            .route_targets()
             .iter()
-            .flat_map(|e| state.index.apply(target, block_size, e))
-            .collect()
+            .find(|t| i128::from(t.dp_rank.or(record.dp_rank).unwrap_or(0)) == rank)
+            .and_then(|t| state.index.view(&t.key))
+            .map_or(0, |v| v.len())
     }
 
     /// Forgets a worker and its ranks.
@@ -352,6 +477,15 @@ impl KvRouter {
                     (t.key, view, active)
                 })
                 .collect(),
+        }
+    }
+
+    #[cfg(test)]
+    /// Puts `blocks` blocks (hashes 1..=blocks) in `target`'s view.
+    pub(crate) fn seed_view(&self, target: &str, blocks: u64) {
+        if let Ok(mut s) = self.state.lock() {
+            let hashes: Vec<u64> = (1..=blocks).collect();
+            s.index.view_mut(target).insert_router_blocks(&hashes);
         }
     }
 

@@ -3,9 +3,11 @@
 //! worker under either policy and owns its kv charges, round-robin rotation, the
 //! kv-aware cost, the kv state with its prefix index and the KV-event ingest that feeds
 //! it (background tasks, one per worker), and the tokenizer that turns a prompt into the
-//! router's blocks. A second front (an endpoint picker) routes through these without
+//! router's blocks (fetched from the workers' sidecars, or from the Hugging Face Hub for
+//! a model id: `hub`). A second front (an endpoint picker) routes through these without
 //! the HTTP listener.
 
+pub(crate) mod hub;
 pub(crate) mod kv_cost;
 pub(crate) mod kv_events;
 pub(crate) mod kv_state;

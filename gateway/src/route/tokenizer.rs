@@ -2,18 +2,23 @@
 //! worker's engine sidecar (`GET /tokenizer` on its status port, then each file) instead
 //! of a folder the gateway mounts. The files are checked against the digest the sidecar
 //! and the worker's record state, loaded, and swapped into the router; until then the
-//! router weighs load alone and `GET /infera/tokenizer` says why. Nothing here stops the
-//! gateway: a tokenizer it cannot load is a state it reports, retried with backoff.
+//! router weighs load alone and `GET /infera/tokenizer` says why. The chat templates
+//! come with it (`chat_template.jinja`, `additional_chat_templates/`), checked against
+//! their own digest. Nothing here stops the gateway: a tokenizer it cannot load (a
+//! tiktoken vocabulary without `tokenizer.json` among them) is a state it reports,
+//! retried with backoff, while prompts are hashed as bytes.
 
 use crate::route::kv_state::KvRouter;
 use crate::workers::registry::Registry;
 use arc_swap::ArcSwap;
 use infera_prompt::PromptCodec;
 use infera_proto::sidecar::{TOKENIZER_PATH, TokenizerManifest};
-use infera_proto::tokenizer::{compute_directory_digest, compute_file_digest, is_tokenizer_file};
+use infera_proto::tokenizer::{
+    chat_template_name, compute_directory_digest, compute_file_digest, compute_named_digest,
+    is_tiktoken_file, is_tokenizer_file,
+};
 use infera_proto::worker::WorkerRecord;
 use serde::Serialize;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -116,19 +121,79 @@ pub(crate) fn candidates<'a>(
     out
 }
 
-/// Checks downloaded `files` against the `manifest` and the record's `promised` digest.
+/// Why a worker's tokenizer was not taken.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FetchTokenizerError {
+    /// A request to the sidecar failed or was refused.
+    #[error("GET {url}: {message}")]
+    Get {
+        /// What was asked.
+        url: String,
+        /// The failure or the refusal (status and the start of its body).
+        message: String,
+    },
+    /// The manifest is not one.
+    #[error("{url}: not a tokenizer manifest: {source}")]
+    DecodeManifest {
+        /// Where it came from.
+        url: String,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The model's tokenizer is a tiktoken vocabulary: nothing to load.
+    #[error(
+        "the worker's model has a tiktoken vocabulary ({0}) and no tokenizer.json, which the router \
+         reads: its prompts are hashed as UTF-8 bytes, which match no engine's cached blocks"
+    )]
+    TiktokenOnly(String),
+    /// No `tokenizer.json`.
+    #[error("the worker's tokenizer has no tokenizer.json (the router reads that format)")]
+    NoTokenizerJson,
+    /// The manifest names a file that is neither a tokenizer file nor a chat template.
+    #[error("the manifest lists {0:?}, which is not a tokenizer file or chat template")]
+    NotTokenizerFile(String),
+    /// The sidecar serves another tokenizer than its record states.
+    #[error("the sidecar serves tokenizer {served} but the worker's record names {promised}")]
+    DigestNotRecorded {
+        /// The manifest's digest.
+        served: String,
+        /// The record's.
+        promised: String,
+    },
+    /// The files do not add up to the digest stated.
+    #[error("the {what} arrived with digest {arrived}, not the {stated} the sidecar stated")]
+    DigestMismatch {
+        /// `files` or `chat templates`.
+        what: &'static str,
+        /// Computed here.
+        arrived: String,
+        /// The manifest's.
+        stated: String,
+    },
+    /// Loading the files failed.
+    #[error("loading the tokenizer: {0}")]
+    Load(#[from] infera_prompt::PromptError),
+    /// The loading task did not finish.
+    #[error("loading the tokenizer: {0}")]
+    LoadTask(#[from] tokio::task::JoinError),
+}
+
+/// Checks downloaded `files` against the `manifest` and the record's `promised` digest,
+/// and the chat templates (`templates`) against the manifest's digest of them.
 pub(crate) fn check_files(
     manifest: &TokenizerManifest,
     files: &[(String, Vec<u8>)],
+    templates: &[(String, Vec<u8>)],
     promised: Option<&str>,
-) -> Result<(), String> {
+) -> Result<(), FetchTokenizerError> {
     if let Some(p) = promised
         && p != manifest.digest
     {
-        return Err(format!(
-            "the sidecar serves tokenizer {} but the worker's record names {p}",
-            manifest.digest
-        ));
+        return Err(FetchTokenizerError::DigestNotRecorded {
+            served: manifest.digest.clone(),
+            promised: p.to_owned(),
+        });
     }
     let directory = compute_directory_digest(files.iter().map(|(n, b)| (n.as_str(), b.as_slice())));
     let single = match files {
@@ -136,10 +201,22 @@ pub(crate) fn check_files(
         _ => None,
     };
     if directory != manifest.digest && single.as_deref() != Some(manifest.digest.as_str()) {
-        return Err(format!(
-            "the files arrived with digest {directory}, not the {} the sidecar stated",
-            manifest.digest
-        ));
+        return Err(FetchTokenizerError::DigestMismatch {
+            what: "files",
+            arrived: directory,
+            stated: manifest.digest.clone(),
+        });
+    }
+    if let Some(stated) = &manifest.chat_templates_digest {
+        let arrived =
+            compute_named_digest(templates.iter().map(|(n, b)| (n.as_str(), b.as_slice())));
+        if &arrived != stated {
+            return Err(FetchTokenizerError::DigestMismatch {
+                what: "chat templates",
+                arrived,
+                stated: stated.clone(),
+            });
+        }
     }
     Ok(())
 }
@@ -147,81 +224,90 @@ pub(crate) fn check_files(
 /// The largest tokenizer file fetched (the largest `tokenizer.json` files are tens of MB).
 const MAX_FILE_BYTES: usize = 256 << 20;
 
-async fn get_bytes(client: &reqwest::Client, url: &str) -> Result<Vec<u8>, String> {
-    let mut response = client
-        .get(url)
-        .send()
-        .await
-        .map_err(|e| format!("GET {url}: {e}"))?;
+async fn get_bytes(client: &reqwest::Client, url: &str) -> Result<Vec<u8>, FetchTokenizerError> {
+    get_bytes_with(client.get(url), url).await
+}
+
+/// The body of `request` (a GET of `url`), within [`MAX_FILE_BYTES`]; a refusal names the
+/// status and the start of its body.
+pub(crate) async fn get_bytes_with(
+    request: reqwest::RequestBuilder,
+    url: &str,
+) -> Result<Vec<u8>, FetchTokenizerError> {
+    let failed = |message: String| FetchTokenizerError::Get {
+        url: url.to_owned(),
+        message,
+    };
+    let mut response = request.send().await.map_err(|e| failed(e.to_string()))?;
     let status = response.status();
     let mut body = Vec::new();
-    while let Some(chunk) = response
-        .chunk()
-        .await
-        .map_err(|e| format!("GET {url}: {e}"))?
-    {
+    while let Some(chunk) = response.chunk().await.map_err(|e| failed(e.to_string()))? {
         if body.len() + chunk.len() > MAX_FILE_BYTES {
-            return Err(format!("GET {url}: larger than {MAX_FILE_BYTES} bytes"));
+            return Err(failed(format!("larger than {MAX_FILE_BYTES} bytes")));
         }
         body.extend_from_slice(&chunk);
     }
     if !status.is_success() {
-        return Err(format!(
-            "GET {url}: {status}: {}",
+        return Err(failed(format!(
+            "{status}: {}",
             String::from_utf8_lossy(&body)
                 .chars()
                 .take(300)
                 .collect::<String>()
-        ));
+        )));
     }
     Ok(body)
+}
+
+/// Whether a name the manifest lists may be fetched: a plain file name, or a chat
+/// template's path (`additional_chat_templates/<name>.jinja`).
+fn fetchable(name: &str, template: bool) -> bool {
+    if template {
+        chat_template_name(name).is_some()
+    } else {
+        is_tokenizer_file(name) && !name.contains(['/', '\\']) && !name.starts_with('.')
+    }
 }
 
 /// Fetches, checks and loads one worker's tokenizer; returns it with its digest.
 pub(crate) async fn fetch(
     client: &reqwest::Client,
     candidate: &Candidate,
-) -> Result<(PromptCodec, String), String> {
-    let manifest: TokenizerManifest =
-        serde_json::from_slice(&get_bytes(client, &candidate.manifest_url).await?)
-            .map_err(|e| format!("{}: not a tokenizer manifest: {e}", candidate.manifest_url))?;
+) -> Result<(PromptCodec, String), FetchTokenizerError> {
+    let url = &candidate.manifest_url;
+    let manifest: TokenizerManifest = serde_json::from_slice(&get_bytes(client, url).await?)
+        .map_err(|source| FetchTokenizerError::DecodeManifest {
+            url: url.clone(),
+            source,
+        })?;
     if !manifest.files.iter().any(|f| f == "tokenizer.json") {
-        return Err(
-            "the worker's tokenizer has no tokenizer.json (the router reads that format)".into(),
-        );
+        return Err(match manifest.files.iter().find(|f| is_tiktoken_file(f)) {
+            Some(vocabulary) => FetchTokenizerError::TiktokenOnly(vocabulary.clone()),
+            None => FetchTokenizerError::NoTokenizerJson,
+        });
     }
     let mut files = Vec::new();
-    for name in &manifest.files {
-        if !is_tokenizer_file(name) || name.contains(['/', '\\']) || name.starts_with('.') {
-            return Err(format!(
-                "the manifest lists {name:?}, which is not a tokenizer file"
+    let mut templates = Vec::new();
+    for (list, template, into) in [
+        (&manifest.files, false, &mut files),
+        (&manifest.chat_templates, true, &mut templates),
+    ] {
+        for name in list {
+            if !fetchable(name, template) {
+                return Err(FetchTokenizerError::NotTokenizerFile(name.clone()));
+            }
+            into.push((
+                name.clone(),
+                get_bytes(client, &format!("{url}/{name}")).await?,
             ));
         }
-        let url = format!("{}/{name}", candidate.manifest_url);
-        files.push((name.clone(), get_bytes(client, &url).await?));
     }
-    check_files(&manifest, &files, candidate.digest.as_deref())?;
+    check_files(&manifest, &files, &templates, candidate.digest.as_deref())?;
     let source = format!("worker {} ({})", candidate.worker, manifest.digest);
+    files.extend(templates);
     // Parsing a tokenizer.json of tens of MB takes a while: off the async workers.
-    let codec = tokio::task::spawn_blocking(move || {
-        let file = |name: &str| {
-            files
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, b)| b.as_slice())
-        };
-        PromptCodec::from_files(
-            (
-                file("tokenizer.json").unwrap_or_default(),
-                Path::new("tokenizer.json"),
-            ),
-            file("tokenizer_config.json").map(|b| (b, Path::new("tokenizer_config.json"))),
-            source,
-        )
-    })
-    .await
-    .map_err(|e| format!("loading the tokenizer: {e}"))?
-    .map_err(|e| format!("loading the tokenizer: {e}"))?;
+    let codec =
+        tokio::task::spawn_blocking(move || PromptCodec::from_files(&files, source)).await??;
     Ok((codec, manifest.digest))
 }
 
@@ -248,7 +334,7 @@ async fn fetch_round(
             Err(error) => {
                 state = TokenizerState::Failed {
                     worker: candidate.worker.clone(),
-                    error,
+                    error: error.to_string(),
                 }
             }
         }
@@ -421,27 +507,49 @@ mod tests {
         ];
         let digest =
             compute_directory_digest(files.iter().map(|(n, b)| (n.as_str(), b.as_slice())));
+        let templates = vec![(
+            "chat_template.jinja".to_owned(),
+            b"fixture {{ x }}".to_vec(),
+        )];
         let manifest = TokenizerManifest {
             digest: digest.clone(),
             files: files.iter().map(|(n, _)| n.clone()).collect(),
+            chat_templates: vec!["chat_template.jinja".into()],
+            chat_templates_digest: Some(compute_named_digest(
+                templates.iter().map(|(n, b)| (n.as_str(), b.as_slice())),
+            )),
         };
-        assert_eq!(check_files(&manifest, &files, Some(&digest)), Ok(()));
-        assert_eq!(check_files(&manifest, &files, None), Ok(()));
-        let e = check_files(&manifest, &files, Some("other")).unwrap_err();
+        let check = |files: &[(String, Vec<u8>)],
+                     templates: &[(String, Vec<u8>)],
+                     promised: Option<&str>| {
+            check_files(&manifest, files, templates, promised).map_err(|e| e.to_string())
+        };
+        assert_eq!(check(&files, &templates, Some(&digest)), Ok(()));
+        assert_eq!(check(&files, &templates, None), Ok(()));
+        let e = check(&files, &templates, Some("other")).unwrap_err();
         assert!(e.contains("record names other"), "{e}");
         let mut tampered = files.clone();
         tampered[0].1 = b"{\"x\":1}".to_vec();
         assert!(
-            check_files(&manifest, &tampered, None)
+            check(&tampered, &templates, None)
                 .unwrap_err()
-                .contains("arrived with digest")
+                .contains("files arrived with digest")
+        );
+        let mut other_template = templates.clone();
+        other_template[0].1 = b"fixture other".to_vec();
+        assert!(
+            check(&files, &other_template, None)
+                .unwrap_err()
+                .contains("chat templates arrived with digest"),
         );
         // A single tokenizer.json is digested as a file.
         let one = vec![("tokenizer.json".to_owned(), b"{}".to_vec())];
         let single = TokenizerManifest {
             digest: compute_file_digest(b"{}"),
             files: vec!["tokenizer.json".into()],
+            chat_templates: Vec::new(),
+            chat_templates_digest: None,
         };
-        assert_eq!(check_files(&single, &one, None), Ok(()));
+        assert!(check_files(&single, &one, &[], None).is_ok());
     }
 }

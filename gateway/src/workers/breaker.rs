@@ -1,6 +1,7 @@
 //! Per-worker circuit breakers (pure: time is passed in).
 //!
-//! A worker's breaker opens after `threshold` consecutive faults (5xx, unreachable,
+//! A worker's breaker opens after `threshold` consecutive faults (0: never, the earlier
+//! server's way to turn breakers off) (5xx, unreachable,
 //! timeout, broken stream); 4xx and 429 never count as faults (a worker that answers
 //! them is alive, so they close a half-open breaker). While open it takes no traffic
 //! until its cooldown passes; then one half-open probe is let through: success closes
@@ -154,7 +155,8 @@ impl Breaker {
             BreakerState::Open { .. } => false,
             BreakerState::Closed => {
                 self.failures += 1;
-                if self.failures >= cfg.threshold {
+                // 0: the earlier server's way to turn the breaker off.
+                if cfg.threshold > 0 && self.failures >= cfg.threshold {
                     self.state = BreakerState::Open {
                         until: now + self.cooldown,
                     };
@@ -317,6 +319,22 @@ mod tests {
         b.on_success(&CFG);
         assert_eq!(b.state(t5), BreakerState::Closed);
         assert_eq!(b.trips(), 1);
+    }
+
+    #[test]
+    fn a_threshold_of_zero_never_opens() {
+        let off = BreakerConfig {
+            threshold: 0,
+            ..CFG
+        };
+        let t0 = Instant::now();
+        let mut b = Breaker::new(&off);
+        for _ in 0..100 {
+            assert!(!b.on_failure(&off, t0));
+        }
+        assert_eq!(b.state(t0), BreakerState::Closed);
+        assert!(b.try_acquire(t0));
+        assert_eq!(b.trips(), 0);
     }
 
     #[test]

@@ -620,6 +620,14 @@ pub struct GatewaySpec {
     #[serde(default = "default_migration_limit")]
     #[schemars(range(max = 16))]
     pub migration_limit: u32,
+    /// Serve the earlier server's scaling API on the gateways (`GET` and
+    /// `POST /v1/admin/scale`, behind the API keys): it reads this deployment's worker
+    /// counts and sets `replicas`. The gateways then run with `--enable-scaling-api` and
+    /// their ServiceAccount gets one Role more, allowing `get` and `patch` of this
+    /// InferaDeployment alone (and `get` of its PDTopology). Off (the default): the API
+    /// answers 403 and the gateways hold no such permission.
+    #[serde(default)]
+    pub scaling_api: bool,
     /// Placement of gateway pods (node selector, tolerations, affinity, priority,
     /// spread), apart from the engines'. With two or more replicas a
     /// PodDisruptionBudget keeps all but one up through node drains.
@@ -665,6 +673,7 @@ impl Default for GatewaySpec {
             metrics_require_auth: false,
             tls: None,
             migration_limit: default_migration_limit(),
+            scaling_api: false,
             scheduling: SchedulingSpec::default(),
             pod_template: None,
             inference_pool: None,

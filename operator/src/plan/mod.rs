@@ -277,6 +277,16 @@ pub struct GatewayPlan {
     pub pod_override: Option<PodOverride>,
     /// The InferencePool, its picker and route.
     pub inference_pool: Option<crate::api::InferencePoolSpec>,
+    /// The scaling API (`spec.gateway.scalingApi`), with what it reads.
+    pub scaling_api: Option<ScalingAccess>,
+}
+
+/// What the gateways' scaling API may touch: the deployment itself, and the PDTopology
+/// a disaggregated one names (read for its unit of workers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScalingAccess {
+    /// The PDTopology, when disaggregated.
+    pub topology: Option<String>,
 }
 
 /// kvd's tiers, in bytes.

@@ -6,7 +6,7 @@ use super::rollout::RolloutLimits;
 use super::{
     DeploymentPlan, Discovery, EnginePlan, GatewayPlan, GatewayRouting, KvdPlan, ModelPlan,
     ModelVolume, NvmePlan, Owner, PdLeg, Plan, Platform, PodOverride, PullPlan, PullSecretData,
-    RolePlan,
+    RolePlan, ScalingAccess,
 };
 use crate::api::resolve::{
     Launch, ResolveError, Workers, gpus_per_worker, launch, resolve_workers, unit_size,
@@ -392,6 +392,11 @@ pub fn plan_deployment(
                 patch: patch.clone(),
             }),
             inference_pool: g.inference_pool.clone(),
+            scaling_api: g.scaling_api.then(|| ScalingAccess {
+                topology: (spec.serving.mode == ServingMode::Disaggregated)
+                    .then(|| spec.serving.topology_ref.clone())
+                    .flatten(),
+            }),
         },
         kvd,
         network: spec.network.clone(),

@@ -1,26 +1,31 @@
 //! The gateway (pure): a Deployment and Service running `infera-gateway` with the
 //! deployment's routing flags, and the ServiceAccounts, Roles and RoleBindings that the
 //! gateway and the engine sidecars need for Kubernetes discovery (the gateway reads Pods;
-//! sidecars patch their own Pod's annotation).
+//! sidecars patch their own Pod's annotation), and, with `spec.gateway.scalingApi`, the
+//! one Role the scaling API needs (`get` and `patch` of this InferaDeployment alone).
 
 use super::engine::ENGINE_PORT;
 use super::gateway_flags::{GatewaySite, build_gateway_args};
 use super::gateway_site::{gateway_site, reads_model_volume};
 use super::overrides::apply_overrides;
-use super::pod::{cpu_and_memory, model_mount, model_volume, placement, restricted_security};
+use super::pod::{
+    SIDECAR_PORT, cpu_and_memory, drain_token, model_mount, model_volume, placement,
+    restricted_security,
+};
 use super::pull::{PodKind, apply_pull};
 use super::secrets::{etcd_secrets, one_key, secret_volume};
 use super::workers::one_at_a_time;
 use super::{Child, Kind, child};
 use crate::api::ServiceType;
 use crate::names;
-use crate::plan::{Discovery, Plan, ValidateError};
+use crate::plan::{Discovery, Plan, ScalingAccess, ValidateError};
+use infera_proto::sidecar::DRAIN_TOKEN_ENV;
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, HTTPGetAction, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
-    Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
+    Container, ContainerPort, EnvVar, HTTPGetAction, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role as RbacRole, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -64,7 +69,55 @@ pub fn build_identity(plan: &Plan) -> Vec<Child> {
             out.extend(pod_role(plan, &name, labels, verbs));
         }
     }
+    if let Some(access) = &plan.deployment.gateway.scaling_api {
+        out.extend(scaling_role(plan, access));
+    }
     out
+}
+
+/// The Role of the gateways' scaling API, bound to their ServiceAccount: `get` and
+/// `patch` of this InferaDeployment, `get` of the PDTopology it names; nothing else.
+fn scaling_role(plan: &Plan, access: &ScalingAccess) -> [Child; 2] {
+    let account = names::gateway(&plan.owner.name);
+    let name = format!("{account}-scaling");
+    let labels = names::instance_labels(&plan.owner.name, "gateway");
+    let rule = |resource: &str, object: &str, verbs: &[&str]| PolicyRule {
+        api_groups: Some(vec!["infera.amd.com".into()]),
+        resources: Some(vec![resource.into()]),
+        resource_names: Some(vec![object.to_owned()]),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        ..Default::default()
+    };
+    let mut rules = vec![rule(
+        "inferadeployments",
+        &plan.owner.name,
+        &["get", "patch"],
+    )];
+    if let Some(topology) = &access.topology {
+        rules.push(rule("pdtopologies", topology, &["get"]));
+    }
+    let role = RbacRole {
+        metadata: plan.owner.meta(name.clone(), labels.clone()),
+        rules: Some(rules),
+    };
+    let binding = RoleBinding {
+        metadata: plan.owner.meta(name.clone(), labels),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name,
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: account,
+            namespace: Some(plan.owner.namespace.clone()),
+            ..Default::default()
+        }]),
+    };
+    [
+        child(Kind::Role, role, Some(&plan.owner.reference)),
+        child(Kind::RoleBinding, binding, Some(&plan.owner.reference)),
+    ]
 }
 
 /// A Role over Pods with `verbs`, bound to the ServiceAccount `name`.
@@ -133,13 +186,27 @@ pub(super) fn access_args(plan: &Plan) -> Vec<String> {
     access
 }
 
-/// The gateway's command-line flags in its pod, the model folder at `model_path`.
+/// The gateway's command-line flags in its pod, the model folder at `model_path`: the
+/// routing every gateway process of the deployment shares, then what only the gateway
+/// pods serve (the earlier server's control endpoints).
 fn gateway_args(plan: &Plan, model_path: &str) -> Vec<String> {
     let site = GatewaySite {
         access: access_args(plan),
         ..gateway_site(plan, model_path, ENGINE_PORT, GATEWAY_SHUTDOWN_DELAY_S)
     };
-    build_gateway_args(&plan.deployment.gateway.routing, &site)
+    let mut args = build_gateway_args(&plan.deployment.gateway.routing, &site);
+    if plan.deployment.kvd.is_some() {
+        // Prewarm hints go to the kvd beside each engine through its sidecar.
+        args.extend(["--worker-sidecar-port".into(), SIDECAR_PORT.to_string()]);
+    }
+    if plan.deployment.gateway.scaling_api.is_some() {
+        args.extend([
+            "--enable-scaling-api".into(),
+            "--deployment".into(),
+            plan.owner.name.clone(),
+        ]);
+    }
+    args
 }
 
 /// Where the API keys Secret is mounted, and the one file of it the gateway reads.
@@ -248,12 +315,23 @@ pub fn build_gateway(plan: &Plan, model_path: &str) -> Result<Vec<Child>, Valida
         resources: Some(g.resources.clone().unwrap_or_else(default_resources)),
         security_context: Some(restricted_security()),
         volume_mounts: (!mounts.is_empty()).then_some(mounts),
+        // What the sidecars ask of a caller outside their pod: the gateway forwards
+        // prewarm hints to them.
+        env: plan.deployment.kvd.as_ref().map(|_| {
+            vec![EnvVar {
+                name: DRAIN_TOKEN_ENV.into(),
+                value: Some(drain_token(&plan.owner.reference.uid)),
+                ..Default::default()
+            }]
+        }),
         ..Default::default()
     };
     let mut spec = PodSpec {
         service_account_name: Some(names::gateway(instance)),
-        // Only Kubernetes discovery talks to the API server.
-        automount_service_account_token: Some(plan.discovery == Discovery::Kubernetes),
+        // Only Kubernetes discovery and the scaling API talk to the API server.
+        automount_service_account_token: Some(
+            plan.discovery == Discovery::Kubernetes || g.scaling_api.is_some(),
+        ),
         termination_grace_period_seconds: Some(GATEWAY_GRACE_S),
         containers: vec![container],
         volumes: (!volumes.is_empty()).then_some(volumes),

@@ -548,10 +548,27 @@ fn sidecar_container(input: &PodInput<'_>) -> Container {
         value: Some(input.drain_token.to_owned()),
         ..Default::default()
     });
+    let mut args = sidecar_args(input.plan, input.engine);
+    let mut mounts = sidecar_mounts(input.plan);
+    // From 0.2.0 the sidecar takes prewarm hints for the kvd beside the engine; an
+    // earlier sidecar would hand the flag to the engine.
+    if input.plan.deployment.kvd.is_some()
+        && input.platform.version.at_least(PlatformVersion::V0_2_0)
+    {
+        // After the first word, with the sidecar's own flags (it takes them anywhere).
+        args.splice(
+            1..1,
+            [
+                "--kvd-socket".to_owned(),
+                format!("{KVD_SOCKET_DIR}/kvd.sock"),
+            ],
+        );
+        mounts.push(mount("kvd-socket", KVD_SOCKET_DIR));
+    }
     Container {
         name: "sidecar".into(),
         image: Some(input.platform.sidecar.clone()),
-        args: Some(sidecar_args(input.plan, input.engine)),
+        args: Some(args),
         env: Some(dedupe_env(env)),
         // A native sidecar: started before the engine, stopped after it.
         restart_policy: Some("Always".into()),
@@ -560,7 +577,7 @@ fn sidecar_container(input: &PodInput<'_>) -> Container {
             container_port: i32::from(SIDECAR_PORT),
             ..Default::default()
         }]),
-        volume_mounts: Some(sidecar_mounts(input.plan)),
+        volume_mounts: Some(mounts),
         security_context: Some(restricted_security()),
         resources: Some(cpu_and_memory("50m", "64Mi", "256Mi")),
         // From 0.2.0 a Ready pod is a registered one: a rollout retires an old worker

@@ -836,12 +836,102 @@ fn kvd_joins_the_pod_with_a_shared_socket_when_on() {
         env_value(engine, "INFERA_KVD_SOCKET").as_deref(),
         Some("/run/infera-kvd/kvd.sock")
     );
-    assert!(
-        engine["volumeMounts"]
+    let mounts_kvd = |c: &Value| {
+        c["volumeMounts"]
             .as_array()
             .unwrap()
             .iter()
             .any(|m| m["name"] == "kvd-socket")
+    };
+    assert!(mounts_kvd(engine));
+    // Prewarm hints: the gateway forwards them to each sidecar, which reaches its kvd.
+    let sidecar = container(pod, "initContainers", "sidecar");
+    assert_eq!(
+        flag(&args(sidecar, "args"), "--kvd-socket").as_deref(),
+        Some("/run/infera-kvd/kvd.sock")
+    );
+    assert!(mounts_kvd(sidecar));
+    let gateway = find(&r, Kind::Deployment, "sim-mixed-gateway");
+    let gateway = container(&gateway["spec"]["template"], "containers", "gateway");
+    assert_eq!(
+        flag(&args(gateway, "args"), "--worker-sidecar-port").as_deref(),
+        Some("8090")
+    );
+    assert_eq!(
+        env_value(gateway, "INFERA_DRAIN_TOKEN"),
+        env_value(sidecar, "INFERA_DRAIN_TOKEN"),
+        "the sidecars take the gateway's hints as they take a preStop's /drain"
+    );
+}
+
+#[test]
+fn the_scaling_api_adds_exactly_one_role_over_the_deployment_itself() {
+    let (mut deps, topos) = load(&repo().join("examples/sim/deployment.yaml"));
+    for dep in deps.iter_mut() {
+        // With etcd discovery the gateways' account holds nothing else.
+        dep.spec.discovery.backend = crate::api::DiscoveryBackend::Etcd;
+        dep.spec.discovery.etcd = Some(crate::api::EtcdSpec {
+            endpoints: vec!["http://etcd-0:2379".into()],
+            prefix: "/infera/workers/".into(),
+            tls_secret_name: None,
+            user: None,
+            password_secret_ref: None,
+        });
+    }
+    let kinds = |r: &Rendered| -> Vec<String> {
+        r.children
+            .iter()
+            .filter(|c| matches!(c.kind, Kind::Role | Kind::RoleBinding))
+            .map(|c| c.name.clone())
+            .collect()
+    };
+    let off = render_example(&deps[0], &topos, true);
+    assert!(kinds(&off).is_empty(), "etcd discovery: no Role at all");
+    let gateway = find(&off, Kind::Deployment, "sim-mixed-gateway");
+    assert_eq!(
+        gateway["spec"]["template"]["spec"]["automountServiceAccountToken"],
+        false
+    );
+    assert!(
+        !args(
+            container(&gateway["spec"]["template"], "containers", "gateway"),
+            "args"
+        )
+        .contains(&"--enable-scaling-api".to_owned())
+    );
+
+    for dep in deps.iter_mut() {
+        dep.spec.gateway.scaling_api = true;
+    }
+    let mixed = render_example(&deps[0], &topos, true);
+    assert_eq!(
+        kinds(&mixed),
+        ["sim-mixed-gateway-scaling", "sim-mixed-gateway-scaling"]
+    );
+    let role = find(&mixed, Kind::Role, "sim-mixed-gateway-scaling");
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": ["infera.amd.com"], "resources": ["inferadeployments"],
+                "resourceNames": ["sim-mixed"], "verbs": ["get", "patch"]}])
+    );
+    let binding = find(&mixed, Kind::RoleBinding, "sim-mixed-gateway-scaling");
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "sim-mixed-gateway", "namespace": "infera"}])
+    );
+    let pod = &find(&mixed, Kind::Deployment, "sim-mixed-gateway")["spec"]["template"];
+    assert_eq!(pod["spec"]["automountServiceAccountToken"], true);
+    let gargs = args(container(pod, "containers", "gateway"), "args");
+    assert!(gargs.contains(&"--enable-scaling-api".to_owned()));
+    assert_eq!(flag(&gargs, "--deployment").as_deref(), Some("sim-mixed"));
+
+    // Disaggregated: its PDTopology is read too, for the unit of workers.
+    let pd = render_example(&deps[1], &topos, true);
+    let role = find(&pd, Kind::Role, "sim-pd-gateway-scaling");
+    assert_eq!(
+        role["rules"][1],
+        json!({"apiGroups": ["infera.amd.com"], "resources": ["pdtopologies"],
+               "resourceNames": ["sim-1p1d"], "verbs": ["get"]})
     );
 }
 
