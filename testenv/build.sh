@@ -16,7 +16,8 @@
 # (testenv/hf-hub) that the model download tests run in the cluster; the LeaderWorkerSet
 # controller's manager (testenv/lws, installed by testenv/lws.sh); Flux's source-,
 # kustomize- and helm-controller (testenv/flux) and the git server the GitOps tests
-# serve a repository from (testenv/git-server).
+# serve a repository from (testenv/git-server); metrics-server and KEDA's operator and
+# metrics server (testenv/metrics-server, testenv/keda) for the autoscaling tests.
 #
 #   testenv/build.sh            build what is missing, print NAME=PATH lines
 #   testenv/build.sh --env      print `export INFERA_TESTENV_<NAME>=PATH` lines
@@ -38,6 +39,8 @@ GAIE_VERSION=v1.6.0      # testenv/lwepp/go.mod pins it (GAIE's reference endpoi
 FLUX_SOURCE_VERSION=v1.9.6
 FLUX_KUSTOMIZE_VERSION=v1.9.6
 FLUX_HELM_VERSION=v1.6.4
+METRICS_SERVER_VERSION=v0.8.0 # testenv/metrics-server/go.mod pins it
+KEDA_VERSION=v2.21.0          # testenv/keda/go.mod pins it (v2.21.1 declares Go 1.27.4)
 
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${INFERA_TESTENV_CACHE:-$HOME/.cache/infera-testenv}
@@ -130,6 +133,18 @@ if [ "$with_node" = 1 ]; then
             "github.com/fluxcd/$1")")
     done
     pairs+=("GIT_SERVER=$(CGO_ENABLED=0 build git-server "$(src_key git-server)" git-server)")
+    # The autoscaling tests' metrics APIs (testenv/autoscalers.sh installs them):
+    # metrics-server (metrics.k8s.io) and KEDA's operator and external metrics server.
+    pairs+=("METRICS_SERVER=$(CGO_ENABLED=0 build metrics-server \
+        "$METRICS_SERVER_VERSION-$(src_key metrics-server)" metrics-server \
+        "-X k8s.io/client-go/pkg/version.gitVersion=$METRICS_SERVER_VERSION" \
+        sigs.k8s.io/metrics-server/cmd/metrics-server)")
+    for part in operator adapter; do
+        upper=KEDA_$(tr 'a-z' 'A-Z' <<<"$part")
+        pairs+=("$upper=$(CGO_ENABLED=0 build "keda-$part" "$KEDA_VERSION-$(src_key keda)" keda \
+            "-X github.com/kedacore/keda/v2/version.Version=${KEDA_VERSION#v}" \
+            "github.com/kedacore/keda/v2/cmd/$part")")
+    done
 fi
 
 for pair in "${pairs[@]}"; do

@@ -260,14 +260,19 @@ async fn a_step_load_scales_out_meets_its_ttft_target_then_scales_back_in() {
 }
 
 #[tokio::test]
-async fn the_operator_stands_down_for_a_horizontal_pod_autoscaler() {
+async fn the_operator_stands_down_for_a_horizontal_pod_autoscaler_and_resumes_after_it() {
     let cluster = Cluster::connect().await.unwrap();
     let ns = cluster.namespace("e2e-autoscale-hpa").await.unwrap();
     let ns = ns.name.clone();
     cluster.apply(&ns, &autoscaled("held")).await.unwrap();
-    let hpa = std::fs::read_to_string(infera_e2e::repo().join("examples/autoscaling/hpa.yaml"))
+    // The example's HorizontalPodAutoscaler, aimed at this deployment.
+    let example =
+        std::fs::read_to_string(infera_e2e::repo().join("examples/autoscaling/hpa.yaml")).unwrap();
+    let hpa = example
+        .split("\n---\n")
+        .find(|doc| doc.contains("kind: HorizontalPodAutoscaler"))
         .unwrap()
-        .replace("chat-autoscaled", "held");
+        .replace("chat-hpa", "held");
     cluster.apply(&ns, &hpa).await.unwrap();
     let d = eventually(
         &cluster,
@@ -299,6 +304,22 @@ async fn the_operator_stands_down_for_a_horizontal_pod_autoscaler() {
             .await
             .is_empty()
     );
+    // The HPA removed: the operator's autoscaler takes over again.
+    cluster
+        .kubectl(&["delete", "hpa", "held", "-n", &ns])
+        .await
+        .unwrap();
+    eventually(&cluster, &ns, "the autoscaler back", ROLLOUT, || async {
+        let d = idep(&cluster, &ns, "held").await?;
+        let c = condition(&d, "Autoscaling");
+        if c["status"] == "True" && autoscaling(&d)["state"] != "StoodDown" {
+            Ok(())
+        } else {
+            Err(format!("{c} {}", autoscaling(&d)))
+        }
+    })
+    .await
+    .unwrap();
 }
 
 /// TTFT p90 the disaggregated deployment keeps, seconds. A prefill worker's two seats

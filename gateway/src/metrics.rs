@@ -376,6 +376,16 @@ impl Metrics {
             .inc();
     }
 
+    /// Declares the in-flight gauge of both routers at 0, so a scraper that reads one
+    /// series (KEDA's metrics-api scaler, a Prometheus rule) finds it before the first
+    /// request of its kind. The serving gateway does this at start; the earlier server's
+    /// series, pinned without it, appeared with the first request.
+    pub(crate) fn declare_inflight(&self) {
+        for router in ["mixed", "disagg"] {
+            let _declared = self.inflight.get_or_create(&RouterLabel { router });
+        }
+    }
+
     /// A request started on `router`.
     pub(crate) fn request_started(&self, router: &'static str) {
         self.inflight.get_or_create(&RouterLabel { router }).inc();
@@ -643,6 +653,22 @@ mod tests {
         WorkerGauges {
             by_mode: vec![("mixed", 0), ("prefill", 0), ("decode", 0)],
             breakers: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn both_routers_in_flight_gauges_are_declared_at_zero() {
+        let m = Metrics::default();
+        m.declare_inflight();
+        let text = m.render(&idle(), None);
+        for line in [
+            "infera_request_inflight{router=\"mixed\"} 0",
+            "infera_request_inflight{router=\"disagg\"} 0",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line} missing from:\n{text}"
+            );
         }
     }
 

@@ -130,6 +130,7 @@ impl Gateway {
             ))
         });
         let metrics = Arc::new(Metrics::default());
+        metrics.declare_inflight();
         let inflight = Arc::new(Inflight::default());
         let mut tokenizer = TokenizerState::Unused;
         let kv = if cfg.kv_aware() {

@@ -5,13 +5,14 @@
 //! earlier server's `/v1/cache/prewarm` did.
 
 use crate::arena::HEADER;
-use crate::wire::{KEY_LEN, Key, encode_frame};
+use crate::wire::{KEY_LEN, Key, Location, encode_frame};
 use rmpv::Value;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering, fence};
+use std::time::Duration;
 
 /// The client's mapping of the daemon's arena.
 #[derive(Debug)]
@@ -303,10 +304,56 @@ pub fn field<'a>(reply: &'a Value, name: &str) -> Option<&'a Value> {
         .map(|(_, v)| v)
 }
 
+/// The scope of a request's keys: the model and the engine layout they belong to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientScope {
+    /// The served model.
+    pub model: String,
+    /// The KV layout (dtype, block size, parallelism) the values are valid for.
+    pub compat_key: String,
+}
+
+impl ClientScope {
+    fn fields(&self) -> [(&'static str, Value); 2] {
+        [
+            ("model", Value::from(self.model.as_str())),
+            ("compat_key", Value::from(self.compat_key.as_str())),
+        ]
+    }
+}
+
+fn keys_value(keys: &[[u8; KEY_LEN]]) -> Value {
+    Value::Array(keys.iter().map(|k| Value::Binary(k.to_vec())).collect())
+}
+
+fn invalid(what: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what.into())
+}
+
+fn ints(reply: &Value, name: &str) -> Vec<i64> {
+    field(reply, name)
+        .and_then(Value::as_array)
+        .map(|a| a.iter().map(|v| v.as_i64().unwrap_or(-1)).collect())
+        .unwrap_or_default()
+}
+
 impl Client {
     /// Connects and says hello; with `prefer_arena`, maps the arena the daemon passes.
     pub fn connect(path: &Path, client_id: &str, prefer_arena: bool) -> io::Result<Self> {
+        Self::connect_within(path, client_id, prefer_arena, None)
+    }
+
+    /// Like [`Self::connect`], every later read and write bounded by `timeout`: an
+    /// engine's connector must not hang on a daemon that stopped answering.
+    pub fn connect_within(
+        path: &Path,
+        client_id: &str,
+        prefer_arena: bool,
+        timeout: Option<Duration>,
+    ) -> io::Result<Self> {
         let stream = UnixStream::connect(path)?;
+        stream.set_read_timeout(timeout)?;
+        stream.set_write_timeout(timeout)?;
         let mut client = Self {
             stream,
             arena: None,
@@ -404,6 +451,137 @@ impl Client {
         Ok(field(&reply, "value")
             .and_then(|v| v.as_slice())
             .map(<[u8]>::to_vec))
+    }
+
+    /// Where each key is held (`batch_lookup_tier`): reads no value.
+    pub fn batch_lookup_tier(
+        &mut self,
+        keys: &[[u8; KEY_LEN]],
+        scope: &ClientScope,
+    ) -> io::Result<Vec<Location>> {
+        let mut fields = vec![("keys", keys_value(keys))];
+        fields.extend(scope.fields());
+        let reply = self.request(&request_map("batch_lookup_tier", fields))?;
+        let tiers = field(&reply, "tiers")
+            .and_then(Value::as_array)
+            .ok_or_else(|| invalid(format!("batch_lookup_tier: unexpected reply {reply}")))?;
+        tiers
+            .iter()
+            .map(|t| {
+                t.as_str()
+                    .and_then(Location::parse)
+                    .ok_or_else(|| invalid(format!("batch_lookup_tier: unknown tier {t}")))
+            })
+            .collect()
+    }
+
+    /// Fetches several values in one round trip, in place from the arena when the
+    /// daemon answers with slots; a value whose slot was replaced while it was read (a
+    /// torn read) is fetched again inline.
+    pub fn batch_get(
+        &mut self,
+        keys: &[[u8; KEY_LEN]],
+        scope: &ClientScope,
+    ) -> io::Result<Vec<Option<Vec<u8>>>> {
+        let mut fields = vec![("keys", keys_value(keys))];
+        fields.extend(scope.fields());
+        let reply = self.request(&request_map("batch_get", fields))?;
+        match field(&reply, "op").and_then(Value::as_str) {
+            Some("batch_get_shared_response") => {
+                let (offsets, lengths, versions) = (
+                    ints(&reply, "offsets"),
+                    ints(&reply, "lengths"),
+                    ints(&reply, "versions"),
+                );
+                let mut out = Vec::with_capacity(keys.len());
+                for (i, key) in keys.iter().enumerate() {
+                    let at = |v: &Vec<i64>| v.get(i).copied().unwrap_or(-1);
+                    let (offset, length, version) = (at(&offsets), at(&lengths), at(&versions));
+                    if offset < 0 {
+                        out.push(None);
+                        continue;
+                    }
+                    let read = self
+                        .arena
+                        .as_ref()
+                        .and_then(|a| a.read(offset as usize, length as usize, version as u32));
+                    match read {
+                        Some(bytes) => out.push(Some(bytes)),
+                        None => out.push(self.get_inline(*key, scope)?),
+                    }
+                }
+                Ok(out)
+            }
+            Some("batch_get_response") => Ok(field(&reply, "values")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().map(|v| v.as_slice().map(<[u8]>::to_vec)).collect())
+                .unwrap_or_else(|| vec![None; keys.len()])),
+            _ => Err(invalid(format!("batch_get: unexpected reply {reply}"))),
+        }
+    }
+
+    /// One value fetched again after a torn read: a connection with the arena is
+    /// answered with its slot, read once more under the seqlock (a miss if torn again).
+    fn get_inline(
+        &mut self,
+        key: [u8; KEY_LEN],
+        scope: &ClientScope,
+    ) -> io::Result<Option<Vec<u8>>> {
+        let mut fields = vec![("key", Value::Binary(key.to_vec()))];
+        fields.extend(scope.fields());
+        let reply = self.request(&request_map("get", fields))?;
+        if field(&reply, "op").and_then(Value::as_str) == Some("get_shared_response") {
+            let n = |name| field(&reply, name).and_then(Value::as_u64).unwrap_or(0);
+            return Ok(self.arena.as_ref().and_then(|a| {
+                a.read(
+                    n("slot_offset") as usize,
+                    n("length") as usize,
+                    n("version") as u32,
+                )
+            }));
+        }
+        Ok(field(&reply, "value")
+            .and_then(|v| v.as_slice())
+            .map(<[u8]>::to_vec))
+    }
+
+    /// Stores several values in one round trip, each with its retention class
+    /// (`short`, `long`, ...); per value, whether it was accepted.
+    pub fn batch_set(
+        &mut self,
+        items: &[([u8; KEY_LEN], Vec<u8>, &str)],
+        scope: &ClientScope,
+    ) -> io::Result<Vec<bool>> {
+        let mut fields = vec![
+            (
+                "keys",
+                Value::Array(
+                    items
+                        .iter()
+                        .map(|(k, _, _)| Value::Binary(k.to_vec()))
+                        .collect(),
+                ),
+            ),
+            (
+                "values",
+                Value::Array(
+                    items
+                        .iter()
+                        .map(|(_, v, _)| Value::Binary(v.clone()))
+                        .collect(),
+                ),
+            ),
+            (
+                "retentions",
+                Value::Array(items.iter().map(|(_, _, r)| Value::from(*r)).collect()),
+            ),
+        ];
+        fields.extend(scope.fields());
+        let reply = self.request(&request_map("batch_set", fields))?;
+        field(&reply, "accepted")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().map(|v| v.as_bool().unwrap_or(false)).collect())
+            .ok_or_else(|| invalid(format!("batch_set: unexpected reply {reply}")))
     }
 }
 

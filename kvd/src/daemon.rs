@@ -67,6 +67,7 @@ fn op_name(r: &Request) -> &'static str {
         Request::SetCancel { .. } => "set_cancel",
         Request::PrefetchHint { .. } => "prefetch_hint",
         Request::Exists { .. } => "exists",
+        Request::BatchLookupTier { .. } => "batch_lookup_tier",
         Request::Clear { .. } => "clear",
         Request::Stats => "stats",
     }
@@ -379,6 +380,11 @@ impl Daemon {
                 self.lower.exists(&scope, &keys, &mut present);
                 return Some(Reply::ExistsResponse { present });
             }
+            Request::BatchLookupTier { keys, scope } => {
+                let ram = self.store().exists(&scope, &keys, now);
+                let tiers = self.lower.tiers(&scope, &keys, &ram);
+                return Some(Reply::BatchLookupTierResponse { tiers });
+            }
             Request::Clear { scope } => {
                 // Slower tiers first: a get that read them before their clear holds an
                 // older generation than RAM's clear below, so its promotion is refused.
@@ -448,6 +454,7 @@ impl Daemon {
             | Request::SetCommit { .. }
             | Request::PrefetchHint { .. }
             | Request::Exists { .. }
+            | Request::BatchLookupTier { .. }
             | Request::Clear { .. }
             | Request::Stats => return None,
         })

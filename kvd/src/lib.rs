@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod queue;
 pub mod remote;
 pub mod server;
+pub mod service;
 pub mod store;
 pub mod tier;
 pub mod wire;

@@ -6,7 +6,7 @@ use crate::buf::Buf;
 use crate::disk::Disk;
 use crate::remote::Remote;
 use crate::tier::Tier;
-use crate::wire::{Key, Scope};
+use crate::wire::{Key, Location, Scope};
 use infera_proto::retention::Retention;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -110,6 +110,35 @@ impl Lower {
         for (i, there) in missing.into_iter().zip(r.exists(scope, &asked)) {
             present[i] = there;
         }
+    }
+
+    /// The fastest tier holding each key, `in_ram` saying which RAM holds: RAM, then
+    /// L3's index, then L4 (one pipelined query for the rest, within its deadline; an
+    /// L4 that does not answer counts as a miss).
+    pub fn tiers(&self, scope: &Scope, keys: &[Key], in_ram: &[bool]) -> Vec<Location> {
+        let mut tiers: Vec<Location> = keys
+            .iter()
+            .zip(in_ram)
+            .map(|(k, ram)| match (*ram, self.on_disk(scope, k)) {
+                (true, _) => Location::Ram,
+                (false, true) => Location::File,
+                (false, false) => Location::Miss,
+            })
+            .collect();
+        let Some(r) = &self.remote else { return tiers };
+        let missing: Vec<usize> = (0..keys.len())
+            .filter(|i| tiers[*i] == Location::Miss)
+            .collect();
+        if missing.is_empty() {
+            return tiers;
+        }
+        let asked: Vec<Key> = missing.iter().map(|i| keys[*i]).collect();
+        for (i, there) in missing.into_iter().zip(r.exists(scope, &asked)) {
+            if there {
+                tiers[i] = Location::Remote;
+            }
+        }
+        tiers
     }
 
     /// Clears a scope on both tiers; returns the L3 entries removed (L4 is cleared in

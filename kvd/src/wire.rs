@@ -45,6 +45,43 @@ pub struct SetItem {
     pub ttl_seconds: Option<i64>,
 }
 
+/// Where a key is held, as `lookup_tier` names it: the earlier contract's `miss`, `ram`
+/// and `file` (the NVMe tier), and `remote` (the shared Redis/Valkey tier).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Location {
+    /// Nowhere.
+    Miss,
+    /// kvd's RAM (the arena or its heap).
+    Ram,
+    /// The NVMe tier.
+    File,
+    /// The shared tier every kvd of the model reaches.
+    Remote,
+}
+
+impl Location {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Miss => "miss",
+            Self::Ram => "ram",
+            Self::File => "file",
+            Self::Remote => "remote",
+        }
+    }
+
+    /// The tier of a wire name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "miss" => Self::Miss,
+            "ram" => Self::Ram,
+            "file" => Self::File,
+            "remote" => Self::Remote,
+            _ => return None,
+        })
+    }
+}
+
 /// A request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Request {
@@ -121,6 +158,15 @@ pub enum Request {
     },
     /// Which keys are present.
     Exists {
+        /// Keys.
+        keys: Vec<Key>,
+        /// Scope.
+        scope: Scope,
+    },
+    /// Where each key is held (an Infera extension: the earlier contract's
+    /// `lookup_tier` for several keys in one round trip). Reads no value and counts no
+    /// get.
+    BatchLookupTier {
         /// Keys.
         keys: Vec<Key>,
         /// Scope.
@@ -424,6 +470,10 @@ pub fn parse_request(body: &[u8], max_value: usize) -> Result<Request, WireError
             keys: f.keys("keys")?,
             scope: f.scope()?,
         },
+        "batch_lookup_tier" => Request::BatchLookupTier {
+            keys: f.keys("keys")?,
+            scope: f.scope()?,
+        },
         "clear" => Request::Clear { scope: f.scope()? },
         "stats" => Request::Stats,
         other => {
@@ -548,6 +598,11 @@ pub enum Reply {
     ExistsResponse {
         /// Present.
         present: Vec<bool>,
+    },
+    /// The tier holding each key.
+    BatchLookupTierResponse {
+        /// Per key, the fastest tier holding it.
+        tiers: Vec<Location>,
     },
     /// Entries dropped.
     ClearAck {
@@ -723,6 +778,10 @@ impl Reply {
             Self::ExistsResponse { present } => (
                 "exists_response",
                 vec![("present", list(present, |p| Value::from(*p)))],
+            ),
+            Self::BatchLookupTierResponse { tiers } => (
+                "batch_lookup_tier_response",
+                vec![("tiers", list(tiers, |t| Value::from(t.as_str())))],
             ),
             Self::ClearAck { cleared_entries } => (
                 "clear_ack",

@@ -51,6 +51,9 @@ REQUESTS = [
                        "compat_key": COMPAT, "deadline_ms": 250}),
     ("exists", {"op": "exists", "keys": [KEY, KEY2], "model": MODEL,
                 "compat_key": COMPAT}),
+    # An Infera extension (the earlier `lookup_tier` for several keys at once).
+    ("batch_lookup_tier", {"op": "batch_lookup_tier", "keys": [KEY, KEY2],
+                           "model": MODEL, "compat_key": COMPAT}),
     ("clear", {"op": "clear", "model": MODEL, "compat_key": COMPAT}),
     ("stats", {"op": "stats"}),
     # Optional fields omitted (the daemon applies the defaults).
@@ -96,6 +99,8 @@ REPLIES = [
                              "reason": None}),
     ("set_cancel_response", {"op": "set_cancel_response"}),
     ("exists_response", {"op": "exists_response", "present": [True, False]}),
+    ("batch_lookup_tier_response", {"op": "batch_lookup_tier_response",
+                                    "tiers": ["ram", "file", "remote", "miss"]}),
     ("clear_ack", {"op": "clear_ack", "cleared_entries": 2}),
     ("stats_response", {"op": "stats_response", "entries": 2, "host_bytes": 128,
                         "spillover_bytes": 0, "long_bytes": 64, "gets_total": 5,

@@ -11,6 +11,7 @@
 //! - [`tokenizer`]: the tokenizer canary string and the tokenizer digest rule.
 //! - [`block_hash`]: the router's own XXH3 chain over prompt token blocks.
 //! - [`kv_events`]: decoding engine KV-event batches in every layout engines emit.
+//! - [`kv_tiers`]: where a block's KV lives beyond the device and what loading it costs.
 //! - [`kv_stream`]: ZMQ framing and the NATS JetStream subjects events are relayed on.
 //! - [`retention`]: retention classes, client cache hints and per-engine forwarding.
 //! - [`pd`]: prefill/decode connector protocol names and their leg order.
@@ -23,6 +24,7 @@ pub mod discovery;
 pub mod error_class;
 pub mod kv_events;
 pub mod kv_stream;
+pub mod kv_tiers;
 pub mod pd;
 pub mod request_plane;
 pub mod retention;

@@ -3,7 +3,7 @@
 //! controls (`/start_profile`, `/stop_profile`, answered as the engine does), and the
 //! simulator's fault controls.
 
-use crate::core::NewRequest;
+use crate::core::{EngineCore, NewRequest};
 use crate::engine::EngineOutput;
 use crate::faults::FaultSettings;
 use crate::handoff;
@@ -21,6 +21,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use infera_prompt::PromptCodec;
+use infera_proto::retention::{DEFAULT_RETENTION, INFERA_RETENTION_FIELD, Retention};
 use infera_proto::worker::EngineKind;
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -131,6 +132,18 @@ fn prompt_tokens(s: &WorkerState, req: &ParsedRequest) -> Result<Vec<u32>, Rejec
     Ok(tokens)
 }
 
+/// The retention class a router forwarded, where each engine reads it (vLLM:
+/// `kv_transfer_params.infera_retention`; SGLang: `infera_retention`); the default
+/// class without one.
+fn request_retention(body: &serde_json::Map<String, serde_json::Value>) -> Retention {
+    body.get("kv_transfer_params")
+        .and_then(|p| p.get(INFERA_RETENTION_FIELD))
+        .or_else(|| body.get(INFERA_RETENTION_FIELD))
+        .and_then(serde_json::Value::as_str)
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(DEFAULT_RETENTION)
+}
+
 /// `GET /sim/trace`: `{"traceparent": ...}` of the last generation request (null
 /// without one), for tests that follow a trace from the gateway into the engine.
 async fn last_trace(State(s): State<Shared>) -> Response {
@@ -194,6 +207,16 @@ async fn generate(s: Shared, endpoint: Endpoint, headers: HeaderMap, body: Bytes
         None => None,
     };
     let id = s.engine.next_id();
+    let remote_kv = plan.as_ref().is_some_and(|p| p.remote_kv);
+    // The connector finds the prompt's blocks below HBM and loads them before the
+    // engine schedules the request (a remote prefill's KV arrives by its own path).
+    let lower = match (&s.kvd, remote_kv) {
+        (Some(kvd), false) => {
+            kvd.lookup(EngineCore::prompt_keys(&prompt, s.block_size, None))
+                .await
+        }
+        _ => Vec::new(),
+    };
     let new = NewRequest {
         id,
         prompt: prompt.clone(),
@@ -201,7 +224,9 @@ async fn generate(s: Shared, endpoint: Endpoint, headers: HeaderMap, body: Bytes
             .generator
             .continue_prompt(&prompt, req.seed, req.max_tokens),
         lora: None,
-        remote_kv: plan.as_ref().is_some_and(|p| p.remote_kv),
+        remote_kv,
+        lower,
+        retention: request_retention(&req.body),
     };
     let Some(mut rx) = s.engine.submit(new) else {
         let r = Rejection {

@@ -8,12 +8,14 @@ use crate::core::CoreConfig;
 use crate::engine::Timing;
 use crate::faults::FaultSettings;
 use crate::kv_events::KvEventsEndpoint;
+use crate::kvd_connector::KvdConfig;
 use crate::pd::{PdLeg, PdProtocol, PdRole};
 use crate::profile::LatencyProfile;
 use crate::worker::WorkerConfig;
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Parser, ValueEnum};
 use infera_proto::kv_events::encode::KvEventFormat;
+use infera_proto::kv_tiers::{KvTier, TierCost};
 use infera_proto::worker::EngineKind;
 use serde_json::Value;
 use std::net::{IpAddr, SocketAddr};
@@ -204,6 +206,57 @@ pub struct Cli {
     /// fall back to `POST /tokenize`, which is always served).
     #[arg(long)]
     pub enable_scale_out: bool,
+
+    /// kvd's socket: a KV connector stores finished requests' blocks there and loads a
+    /// prompt's blocks missing from HBM back, at the modelled cost of their tier (the
+    /// operator sets INFERA_KVD_SOCKET in engine pods). With several workers, a
+    /// comma-separated list with one per worker, or one kvd they all share.
+    #[arg(long, env = "INFERA_KVD_SOCKET")]
+    pub kvd_socket: Option<String>,
+
+    /// The tiers the kvd has beside its RAM: disk (its NVMe tier) and remote (a shared
+    /// Redis/Valkey tier), comma-separated; `long` blocks reach them.
+    #[arg(long, value_delimiter = ',', value_parser = lower_tier)]
+    pub kvd_tiers: Vec<KvTier>,
+
+    /// What loading from a tier costs, TIER=RTT_MS:GBYTES_PER_S (repeatable), instead of
+    /// the measured defaults: host 0.1:54.8 (kvd's arena DMA'd to the GPU), disk
+    /// 1:0.439 and remote 0.37:0.338 (the reference VM's NVMe and same-host Redis).
+    #[arg(long, value_parser = tier_cost)]
+    pub kvd_tier_cost: Vec<(KvTier, TierCost)>,
+
+    /// Bytes stored in kvd per block, standing for its real KV bytes (the time model
+    /// charges the real size: block size x the profile's KV bytes per token).
+    #[arg(long, default_value_t = 4096)]
+    pub kvd_payload_bytes: usize,
+}
+
+/// A `--kvd-tiers` value.
+fn lower_tier(value: &str) -> Result<KvTier, String> {
+    match KvTier::from_name(value) {
+        Some(t @ (KvTier::Disk | KvTier::Remote)) => Ok(t),
+        _ => Err(format!(
+            "{value:?}: expected disk or remote (host is always there)"
+        )),
+    }
+}
+
+/// A `--kvd-tier-cost` value.
+fn tier_cost(value: &str) -> Result<(KvTier, TierCost), String> {
+    let bad = || format!("{value:?}: expected TIER=RTT_MS:GBYTES_PER_S, e.g. host=0.1:54.8");
+    let (tier, cost) = value.split_once('=').ok_or_else(bad)?;
+    let tier = KvTier::from_name(tier)
+        .filter(|t| *t != KvTier::Device)
+        .ok_or_else(bad)?;
+    let (rtt, rate) = cost.split_once(':').ok_or_else(bad)?;
+    let cost = TierCost {
+        rtt_ms: rtt.parse().map_err(|_| bad())?,
+        gbytes_per_s: rate.parse().map_err(|_| bad())?,
+    };
+    if cost.rtt_ms < 0.0 || cost.gbytes_per_s <= 0.0 {
+        return Err(bad());
+    }
+    Ok((tier, cost))
 }
 
 /// Parses `args`, dropping engine flags the simulator does not know (with a warning
@@ -248,6 +301,34 @@ fn engine_kind(value: &str) -> Result<EngineKind, String> {
 }
 
 impl Cli {
+    /// The connector to the kvd at `socket`: host always, the tiers `--kvd-tiers` adds,
+    /// each at its stated or measured cost.
+    fn kvd_config(&self, socket: &str, model: &str) -> KvdConfig {
+        let mut tiers = vec![KvTier::Host];
+        for t in &self.kvd_tiers {
+            if !tiers.contains(t) {
+                tiers.push(*t);
+            }
+        }
+        tiers.sort();
+        KvdConfig {
+            socket: PathBuf::from(socket),
+            tiers: tiers
+                .into_iter()
+                .filter_map(|t| {
+                    let stated = self.kvd_tier_cost.iter().rev().find(|(s, _)| *s == t);
+                    stated
+                        .map(|(_, c)| *c)
+                        .or_else(|| TierCost::measured(t))
+                        .map(|c| (t, c))
+                })
+                .collect(),
+            payload_bytes: self.kvd_payload_bytes.max(8),
+            model: model.to_owned(),
+            compat_key: format!("{}/bs{}", self.profile, self.block_size),
+        }
+    }
+
     fn profile(&self) -> Result<LatencyProfile> {
         if let Some(p) = LatencyProfile::builtin(&self.profile) {
             return Ok(p);
@@ -469,7 +550,20 @@ impl Cli {
             max_num_seqs: self.max_num_seqs,
             profile,
             kv_transfer_gbytes_per_s: self.kv_transfer_gbytes_per_s,
+            lower_tiers: Vec::new(),
         };
+        let sockets: Vec<&str> = self
+            .kvd_socket
+            .as_deref()
+            .map(|s| s.split(',').map(str::trim).collect())
+            .unwrap_or_default();
+        if sockets.len() > 1 && sockets.len() != self.workers {
+            bail!(
+                "--kvd-socket names {} sockets for {} workers",
+                sockets.len(),
+                self.workers
+            );
+        }
         self.listen_addrs()?
             .into_iter()
             .enumerate()
@@ -495,6 +589,9 @@ impl Cli {
                     startup_delay: Duration::from_secs_f64(self.startup_delay.max(0.0)),
                     refuse_connections: self.refuse_connections,
                     enable_scale_out: self.enable_scale_out,
+                    kvd: sockets
+                        .get(if sockets.len() > 1 { i } else { 0 })
+                        .map(|socket| self.kvd_config(socket, &model)),
                 })
             })
             .collect()

@@ -15,6 +15,8 @@
 use crate::kv_cache::{BlockKey, BlockPool, PoolEvent};
 use crate::profile::LatencyProfile;
 use infera_proto::block_hash::compute_block_hash;
+use infera_proto::kv_tiers::{KvTier, TierCost};
+use infera_proto::retention::Retention;
 use std::collections::{HashMap, VecDeque};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -33,6 +35,9 @@ pub struct CoreConfig {
     pub profile: LatencyProfile,
     /// KV transfer bandwidth for remote prefill (GB/s).
     pub kv_transfer_gbytes_per_s: f64,
+    /// The tiers below HBM a connector loads from (kvd's), and what a load costs; empty
+    /// without one.
+    pub lower_tiers: Vec<(KvTier, TierCost)>,
 }
 
 /// A request handed to the engine, already tokenized.
@@ -48,6 +53,23 @@ pub struct NewRequest {
     pub lora: Option<String>,
     /// The prompt's KV arrives from a prefill worker instead of being computed.
     pub remote_kv: bool,
+    /// Where the connector found the prompt's leading full blocks below HBM, block 0
+    /// first (the run ends at the first block it did not find).
+    pub lower: Vec<KvTier>,
+    /// The request's retention class: what its blocks are stored under when they
+    /// leave HBM.
+    pub retention: Retention,
+}
+
+/// A finished request's full blocks, for the connector to store below HBM.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Offload {
+    /// Block keys, block 0 first.
+    pub keys: Vec<BlockKey>,
+    /// Each block's tokens.
+    pub tokens: Vec<Vec<u32>>,
+    /// The request's retention class.
+    pub retention: Retention,
 }
 
 /// One generated token.
@@ -83,12 +105,21 @@ pub struct StepResult {
     /// Requests running in the step and waiting during it, as scheduled (before the
     /// step's finished requests leave): what an engine's gauges show while it runs.
     pub scheduled: (usize, usize),
+    /// Finished requests' blocks, for a connector to store below HBM.
+    pub offload: Vec<Offload>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Phase {
     Waiting,
-    Transferring { ready_at_ms: f64 },
+    Transferring {
+        ready_at_ms: f64,
+    },
+    /// Loading `blocks` blocks from below HBM until `ready_at_ms`.
+    Loading {
+        ready_at_ms: f64,
+        blocks: usize,
+    },
     Prefill,
     Decode,
 }
@@ -107,6 +138,8 @@ struct Req {
     emitted: usize,
     cached_tokens: usize,
     admitted_seq: u64,
+    /// Whether the load-or-recompute decision was made (once per admission).
+    lower_decided: bool,
 }
 
 impl Req {
@@ -154,6 +187,10 @@ pub struct CoreStats {
     pub evictions: u64,
     /// Requests preempted.
     pub preemptions: u64,
+    /// Prompt tokens loaded from below HBM, per lower tier (host, disk, remote).
+    pub loaded_tokens: [u64; 3],
+    /// Prompt tokens found below HBM but recomputed (loading them was slower).
+    pub recomputed_lower_tokens: u64,
 }
 
 /// The scheduler.
@@ -213,6 +250,7 @@ impl EngineCore {
                 emitted: 0,
                 cached_tokens: 0,
                 admitted_seq: 0,
+                lower_decided: false,
             },
         );
         self.waiting.push_back(id);
@@ -247,7 +285,9 @@ impl EngineCore {
         self.waiting
             .iter()
             .filter_map(|id| match self.reqs.get(id)?.phase {
-                Phase::Transferring { ready_at_ms } => Some(ready_at_ms),
+                Phase::Transferring { ready_at_ms } | Phase::Loading { ready_at_ms, .. } => {
+                    Some(ready_at_ms)
+                }
                 _ => None,
             })
             .min_by(f64::total_cmp)
@@ -272,6 +312,19 @@ impl EngineCore {
 
     fn chain_root(lora: Option<&str>) -> BlockKey {
         lora.map_or(0, |name| xxh3_64(name.as_bytes()))
+    }
+
+    /// Keys of a prompt's full blocks, as the engine names them in HBM (the router's
+    /// chain): what a connector looks up below HBM.
+    pub fn prompt_keys(prompt: &[u32], block_size: usize, lora: Option<&str>) -> Vec<BlockKey> {
+        let mut prev = Self::chain_root(lora);
+        prompt
+            .chunks_exact(block_size.max(1))
+            .map(|block| {
+                prev = compute_block_hash(prev, block);
+                prev
+            })
+            .collect()
     }
 
     /// Keys of the first `blocks` full blocks of a request's sequence.
@@ -339,14 +392,20 @@ impl EngineCore {
             }
         }
 
-        // 2. Admit waiting requests in order while budget, seats and KV allow.
+        // 2. Admit waiting requests in order while budget, seats and KV allow; one
+        //    whose KV is still being loaded or transferred lets those behind it go.
+        let mut at = 0;
         while budget > 0 && self.running.len() < self.cfg.max_num_seqs {
-            let Some(&id) = self.waiting.front() else {
+            let Some(&id) = self.waiting.get(at) else {
                 break;
             };
             match self.admit(id, now_ms) {
+                Admission::Later => {
+                    at += 1;
+                    continue;
+                }
                 Admission::Admitted => {
-                    self.waiting.pop_front();
+                    self.waiting.remove(at);
                     self.running.push(id);
                     let Some(req) = self.reqs.get(&id) else {
                         continue;
@@ -378,7 +437,7 @@ impl EngineCore {
                 }
                 Admission::NotYet => break,
                 Admission::Never => {
-                    self.waiting.pop_front();
+                    self.waiting.remove(at);
                     self.abort(id);
                     result.rejected.push(id);
                 }
@@ -450,17 +509,48 @@ impl EngineCore {
         }
     }
 
+    /// How many blocks from `from` (up to `end`) the connector found below HBM.
+    fn lower_run(&self, req: &Req, from: usize, end: usize) -> usize {
+        if self.cfg.lower_tiers.is_empty() || req.emitted > 0 {
+            return 0;
+        }
+        req.new.lower.len().min(end).saturating_sub(from)
+    }
+
+    /// Time to load these blocks from their tiers (ms): each tier's run is one load (a
+    /// round trip and its bytes); `None` for an empty run or an unknown tier.
+    fn load_ms(&self, tiers: &[KvTier]) -> Option<f64> {
+        if tiers.is_empty() {
+            return None;
+        }
+        let block_bytes = (self.cfg.block_size as u64 * self.cfg.profile.kv_bytes_per_token) as f64;
+        let mut total = 0.0;
+        for run in tiers.chunk_by(|a, b| a == b) {
+            let cost = self
+                .cfg
+                .lower_tiers
+                .iter()
+                .find(|(t, _)| *t == run[0])
+                .map(|(_, c)| *c)?;
+            total += cost.load_ms(run.len() as f64 * block_bytes);
+        }
+        Some(total)
+    }
+
     fn admit(&mut self, id: u64, now_ms: f64) -> Admission {
         let bs = self.cfg.block_size;
         let Some(req) = self.reqs.get(&id) else {
             return Admission::NotYet;
         };
-        let remote = match req.phase {
-            Phase::Transferring { ready_at_ms } if ready_at_ms > now_ms => {
-                return Admission::NotYet;
+        let (remote, loaded) = match req.phase {
+            Phase::Transferring { ready_at_ms } | Phase::Loading { ready_at_ms, .. }
+                if ready_at_ms > now_ms =>
+            {
+                return Admission::Later;
             }
-            Phase::Transferring { .. } => true,
-            _ => false,
+            Phase::Transferring { .. } => (true, 0),
+            Phase::Loading { blocks, .. } => (false, blocks),
+            _ => (false, 0),
         };
         let target = req.prefill_target();
         if target.div_ceil(bs) + 1 > self.pool.capacity() {
@@ -468,6 +558,65 @@ impl EngineCore {
         }
         let keys = self.keys(req, target / bs);
         let mut matched = self.pool.match_prefix(&keys);
+        if !remote && loaded == 0 && !req.lower_decided {
+            // The run below HBM past what HBM holds: load it when that is quicker than
+            // computing it, then come back (the request waits without blocking others).
+            // Not the block of the last prompt token: that one is computed anyway.
+            let run = self.lower_run(req, matched, target.saturating_sub(1) / bs);
+            let found = if run > 0 {
+                self.load_ms(&req.new.lower[matched..matched + run])
+            } else {
+                None
+            };
+            if let Some(ms) = found {
+                let compute = self.cfg.profile.prefill_compute_ms(run * bs, matched * bs);
+                if ms < compute {
+                    if let Some(req) = self.reqs.get_mut(&id) {
+                        req.lower_decided = true;
+                        req.phase = Phase::Loading {
+                            ready_at_ms: now_ms + ms,
+                            blocks: matched + run,
+                        };
+                    }
+                    return Admission::Later;
+                }
+                self.stats.recomputed_lower_tokens += (run * bs) as u64;
+            }
+            if let Some(req) = self.reqs.get_mut(&id) {
+                req.lower_decided = true;
+            }
+        }
+        if loaded > matched {
+            // The loaded blocks become cached HBM blocks (stored, as the connector's
+            // writes into the engine's blocks are), then count as matched.
+            let fresh = loaded - matched;
+            let Some(req) = self.reqs.get(&id) else {
+                return Admission::NotYet;
+            };
+            let rest = target.div_ceil(bs).saturating_sub(loaded);
+            // The blocks HBM holds stay pinned while room is made for the loaded ones.
+            self.pool.acquire(&keys[..matched]);
+            if self.pool.available() < fresh + rest || !self.pool.allocate(fresh) {
+                self.pool.release(&keys[..matched], 0);
+                return Admission::NotYet;
+            }
+            let tokens: Vec<Vec<u32>> = (matched..loaded)
+                .map(|b| (b * bs..(b + 1) * bs).map(|i| req.token_at(i)).collect())
+                .collect();
+            for tier in &req.new.lower[matched..loaded] {
+                let i = KvTier::LOWER.iter().position(|t| t == tier).unwrap_or(0);
+                self.stats.loaded_tokens[i] += bs as u64;
+            }
+            for (offset, b) in (matched..loaded).enumerate() {
+                let parent = b.checked_sub(1).map(|p| keys[p]);
+                self.pool.commit(keys[b], parent, &tokens[offset]);
+            }
+            self.pool.release(&keys[..loaded], 0);
+            matched = self.pool.match_prefix(&keys);
+            if let Some(req) = self.reqs.get_mut(&id) {
+                req.phase = Phase::Waiting;
+            }
+        }
         // At least one token must be computed to sample from (remote KV excepted).
         if !remote && matched * bs >= target && matched > 0 {
             matched -= 1;
@@ -547,6 +696,16 @@ impl EngineCore {
         });
         if finished {
             if let Some(req) = self.reqs.remove(&id) {
+                if !self.cfg.lower_tiers.is_empty() && !req.pinned.is_empty() {
+                    let bs = self.cfg.block_size;
+                    result.offload.push(Offload {
+                        keys: req.pinned.clone(),
+                        tokens: (0..req.pinned.len())
+                            .map(|b| (b * bs..(b + 1) * bs).map(|i| req.token_at(i)).collect())
+                            .collect(),
+                        retention: req.new.retention,
+                    });
+                }
                 self.pool.release(&req.pinned, req.private);
             }
             self.running.retain(|r| *r != id);
@@ -581,6 +740,9 @@ impl EngineCore {
 
 enum Admission {
     Admitted,
+    /// Its KV is still arriving: the requests behind it may go first.
+    Later,
+    /// No room yet: nothing behind it goes either (first come, first served).
     NotYet,
     Never,
 }

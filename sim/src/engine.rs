@@ -5,6 +5,7 @@
 use crate::core::{CoreStats, EngineCore, NewRequest, TokenEvent};
 use crate::kv_cache::PoolEvent;
 use crate::kv_events::KvEventConverter;
+use crate::kvd_connector::KvdHandle;
 use infera_proto::kv_events::KvEventBatch;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -127,10 +128,12 @@ impl Jitter {
 }
 
 /// Starts the engine task. Cache events are converted and sent to `events` when given.
+/// Finished requests' blocks go to `kvd` when the worker has a kvd connector.
 pub fn spawn_engine(
     core: EngineCore,
     timing: Timing,
     events: Option<(KvEventConverter, mpsc::UnboundedSender<KvEventBatch>)>,
+    kvd: Option<KvdHandle>,
 ) -> (EngineHandle, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::unbounded_channel();
     let counters = Arc::new(EngineCounters::default());
@@ -143,7 +146,7 @@ pub fn spawn_engine(
         speedup: timing.speedup.max(1e-6),
         ..timing
     };
-    let task = tokio::spawn(run_engine(core, timing, rx, counters, events));
+    let task = tokio::spawn(run_engine(core, timing, rx, counters, events, kvd));
     (handle, task)
 }
 
@@ -153,6 +156,7 @@ async fn run_engine(
     mut rx: mpsc::UnboundedReceiver<EngineCommand>,
     counters: Arc<EngineCounters>,
     mut events: Option<(KvEventConverter, mpsc::UnboundedSender<KvEventBatch>)>,
+    kvd: Option<KvdHandle>,
 ) {
     let speedup = timing.speedup;
     let mut jitter = Jitter {
@@ -224,6 +228,11 @@ async fn run_engine(
                 }
                 deliver(&step.tokens, &mut outputs, &mut core, &counters);
                 publish(&step.cache_events, &mut events);
+                if let Some(kvd) = &kvd {
+                    for offload in step.offload {
+                        kvd.store(offload);
+                    }
+                }
                 if let Ok(mut stats) = counters.stats.lock() {
                     *stats = core.stats();
                 }

@@ -87,6 +87,27 @@ impl KvEventConverter {
         self.batch(out)
     }
 
+    /// A batch storing a run of blocks, block 0 first (its first block has no parent),
+    /// on `medium`: how a connector reports the blocks it wrote below HBM.
+    pub fn stored_run(&self, keys: &[BlockKey], tokens: &[Vec<u32>], medium: &str) -> KvEventBatch {
+        let mut event = self.stored(keys[0], None, &tokens[0]);
+        for (key, t) in keys.iter().zip(tokens).skip(1) {
+            event.block_hashes.push(self.engine_hash(*key));
+            event.token_ids.extend_from_slice(t);
+        }
+        event.medium = Some(medium.to_owned());
+        self.batch(vec![KvEvent::BlockStored(event)])
+    }
+
+    /// A batch removing blocks from `medium`.
+    pub fn removed_run(&self, keys: &[BlockKey], medium: &str) -> KvEventBatch {
+        self.batch(vec![KvEvent::BlockRemoved(BlockRemoved {
+            block_hashes: keys.iter().map(|k| self.engine_hash(*k)).collect(),
+            medium: Some(medium.to_owned()),
+            group_idx: self.tagged().then_some(0),
+        })])
+    }
+
     /// A batch holding one `AllBlocksCleared`.
     pub fn cleared(&self) -> KvEventBatch {
         self.batch(vec![KvEvent::AllBlocksCleared])

@@ -8,6 +8,8 @@
 //!   clock in tests).
 //! - [`engine`]: the task that runs the scheduler in scaled real time.
 //! - [`kv_events`]: KV-event batches in each engine's layout, on ZMQ PUB with replay.
+//! - [`kvd_connector`]: the KV connector to the kvd beside the engine (lookups, loads,
+//!   stores, and the KV events of its tiers).
 //! - [`openai`], [`api`], [`metrics`]: the HTTP API.
 //! - [`pd`]: prefill/decode roles and the request checks of each connector protocol.
 //! - [`faults`]: injected failures for tests.
@@ -23,6 +25,7 @@ pub mod generate;
 pub mod handoff;
 pub mod kv_cache;
 pub mod kv_events;
+pub mod kvd_connector;
 pub mod metrics;
 pub mod openai;
 pub mod pd;

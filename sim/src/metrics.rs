@@ -146,5 +146,55 @@ pub fn render_metrics(s: &WorkerState) -> String {
         "Requests aborted because the client went away.",
         c.aborted.load(Ordering::Relaxed),
     );
+    if let Some(kvd) = &s.kvd {
+        let k = &kvd.counters;
+        let load = |v: &std::sync::atomic::AtomicU64| v.load(Ordering::Relaxed);
+        let with = |name: &'static str, value: &str| -> Labels {
+            let mut l = model();
+            l.push((name, value.to_owned()));
+            l
+        };
+        out.counter_family(
+            "infera_sim_kvd_lookups_total",
+            "Prompts looked up in kvd by the KV connector, by outcome: blocks found, none found, kvd unavailable (the prompt is computed).",
+            [
+                (with("outcome", "hit"), load(&k.lookups_hit)),
+                (with("outcome", "miss"), load(&k.lookups_miss)),
+                (with("outcome", "unavailable"), load(&k.lookups_unavailable)),
+            ],
+        );
+        out.counter_family(
+            "infera_sim_kvd_loaded_tokens_total",
+            "Prompt tokens loaded from below HBM instead of computed, by tier.",
+            ["host", "disk", "remote"]
+                .into_iter()
+                .zip(stats.loaded_tokens)
+                .map(|(tier, v)| (with("tier", tier), v)),
+        );
+        counter(
+            &mut out,
+            "infera_sim_kvd_recomputed_tokens_total",
+            "Prompt tokens found below HBM but computed, loading them being slower.",
+            stats.recomputed_lower_tokens,
+        );
+        counter(
+            &mut out,
+            "infera_sim_kvd_stored_blocks_total",
+            "Blocks kvd accepted from finished requests.",
+            load(&k.stored_blocks),
+        );
+        counter(
+            &mut out,
+            "infera_sim_kvd_payload_mismatches_total",
+            "Blocks read back from kvd that did not hold their bytes.",
+            load(&k.payload_mismatches),
+        );
+        gauge(
+            &mut out,
+            "infera_sim_kvd_up",
+            "Whether kvd answers the KV connector.",
+            f64::from(u8::from(k.up.load(Ordering::Relaxed))),
+        );
+    }
     infera_telemetry::metrics::render(&Registry::default(), out)
 }

@@ -6,6 +6,7 @@ use crate::engine::EngineHandle;
 use crate::faults::Faults;
 use crate::flavor::Flavor;
 use crate::generate::OutputGenerator;
+use crate::kvd_connector::KvdHandle;
 use crate::pd::PdRole;
 use infera_prompt::PromptCodec;
 use std::sync::Arc;
@@ -50,4 +51,6 @@ pub struct WorkerState {
     pub last_traceparent: std::sync::Mutex<Option<String>>,
     /// Serve vLLM's render endpoints.
     pub scale_out: bool,
+    /// The KV connector to the kvd beside the engine.
+    pub kvd: Option<KvdHandle>,
 }

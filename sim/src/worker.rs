@@ -8,6 +8,7 @@ use crate::faults::{FaultSettings, Faults};
 use crate::flavor::Flavor;
 use crate::generate::{OUTPUT_TEXT, OutputGenerator};
 use crate::kv_events::{KvEventConverter, KvEventsEndpoint, start_publisher};
+use crate::kvd_connector::{KvdConfig, KvdHandle};
 use crate::pd::PdRole;
 use crate::state::WorkerState;
 use anyhow::Context;
@@ -56,6 +57,8 @@ pub struct WorkerConfig {
     pub refuse_connections: bool,
     /// Serve vLLM's render endpoints (`--enable-scale-out`).
     pub enable_scale_out: bool,
+    /// The kvd beside the engine, through the KV connector (none: no tier below HBM).
+    pub kvd: Option<KvdConfig>,
 }
 
 /// A running worker.
@@ -124,8 +127,24 @@ pub async fn start_worker(
         }
         None => None,
     };
-    let core: CoreConfig = cfg.core.clone();
-    let (engine, engine_task) = spawn_engine(EngineCore::new(core.clone()), cfg.timing, events);
+    let mut core: CoreConfig = cfg.core.clone();
+    let kvd = match &cfg.kvd {
+        Some(kvd_cfg) => {
+            core.lower_tiers = kvd_cfg.tiers.clone();
+            let index = cfg.dp_rank.unwrap_or(0) as usize;
+            Some(
+                KvdHandle::spawn(kvd_cfg.clone(), index, events.clone())
+                    .context("starting the kvd connector thread")?,
+            )
+        }
+        None => None,
+    };
+    let (engine, engine_task) = spawn_engine(
+        EngineCore::new(core.clone()),
+        cfg.timing,
+        events,
+        kvd.clone(),
+    );
     let state = Arc::new(WorkerState {
         flavor,
         model: cfg.model.clone(),
@@ -148,6 +167,7 @@ pub async fn start_worker(
         max_num_seqs: core.max_num_seqs,
         last_traceparent: Default::default(),
         scale_out: cfg.enable_scale_out,
+        kvd,
     });
     let (shutdown, mut stop) = watch::channel(false);
     let router = build_router(state.clone());

@@ -18,6 +18,7 @@ fn mk_core_seats(kv_blocks: usize, max_num_seqs: usize) -> EngineCore {
         max_num_seqs,
         profile: LatencyProfile::builtin("h200-llama-3.1-8b").unwrap(),
         kv_transfer_gbytes_per_s: 170.0,
+        lower_tiers: Vec::new(),
     })
 }
 
@@ -28,6 +29,8 @@ fn mk_req(id: u64, prompt: Vec<u32>, max_tokens: usize) -> NewRequest {
         output: (0..max_tokens as u32).map(|t| 1000 + t).collect(),
         lora: None,
         remote_kv: false,
+        lower: Vec::new(),
+        retention: infera_proto::retention::Retention::Short,
     }
 }
 
@@ -199,4 +202,49 @@ fn a_step_reports_what_it_runs_and_what_waits_before_its_requests_finish() {
     // Once applied, the finished request is gone from the core's own counts.
     assert_eq!(core.stats().running, 0);
     assert_eq!(core.stats().waiting, 1);
+}
+
+#[test]
+fn a_prompt_found_below_hbm_is_loaded_and_counted_as_cached() {
+    use infera_proto::kv_tiers::{KvTier, TierCost};
+    let mut cfg = mk_core(10_000).config().clone();
+    cfg.lower_tiers = vec![(KvTier::Host, TierCost::measured(KvTier::Host).unwrap())];
+    let mut core = EngineCore::new(cfg);
+    let prompt = tokens(0..640);
+    let mut req = mk_req(1, prompt.clone(), 4);
+    req.lower = vec![KvTier::Host; 40];
+    let (timelines, _) = run_virtual(&mut core, vec![(0.0, req)]);
+    let t = &timelines[&1];
+    // Every block but the last prompt token's, which is computed anyway.
+    assert_eq!(t.cached_tokens, 624, "{t:?}");
+    assert_eq!(core.stats().loaded_tokens[0], 624);
+    // The load took its modelled time: 39 blocks of 2 MiB at 54.8 GB/s and a round
+    // trip (1.59 ms), not a prefill of 624 tokens (about 16 ms).
+    let (alone, _) = run_virtual(
+        &mut mk_core(10_000),
+        vec![(0.0, mk_req(2, prompt.clone(), 4))],
+    );
+    let (loaded, computed) = (t.ttft_ms().unwrap(), alone[&2].ttft_ms().unwrap());
+    assert!(
+        loaded + 10.0 < computed,
+        "loaded {loaded} ms, computed {computed} ms"
+    );
+}
+
+#[test]
+fn a_run_that_loads_slower_than_it_computes_is_computed() {
+    use infera_proto::kv_tiers::{KvTier, TierCost};
+    let mut cfg = mk_core(10_000).config().clone();
+    let slow = TierCost {
+        rtt_ms: 0.37,
+        gbytes_per_s: 0.338,
+    };
+    cfg.lower_tiers = vec![(KvTier::Remote, slow)];
+    let mut core = EngineCore::new(cfg);
+    let mut req = mk_req(1, tokens(0..640), 4);
+    req.lower = vec![KvTier::Remote; 40];
+    let (timelines, _) = run_virtual(&mut core, vec![(0.0, req)]);
+    assert_eq!(timelines[&1].cached_tokens, 0);
+    assert_eq!(core.stats().loaded_tokens, [0, 0, 0]);
+    assert_eq!(core.stats().recomputed_lower_tokens, 624);
 }

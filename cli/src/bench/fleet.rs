@@ -87,6 +87,7 @@ fn worker_config(spec: &SimSpec, index: usize) -> Result<WorkerConfig> {
             profile: LatencyProfile::builtin(&spec.profile)
                 .ok_or_else(|| anyhow!("unknown simulator profile {}", spec.profile))?,
             kv_transfer_gbytes_per_s: spec.transfer_gbytes_per_s,
+            lower_tiers: Vec::new(),
         },
         timing: Timing::exact(spec.speedup),
         event_format: None,
@@ -109,6 +110,7 @@ fn worker_config(spec: &SimSpec, index: usize) -> Result<WorkerConfig> {
         refuse_connections: false,
         // vLLM's render endpoints, which vLLM's router asks every worker for.
         enable_scale_out: true,
+        kvd: None,
     })
 }
 

@@ -49,6 +49,7 @@ pub async fn start_sim_with(
             max_num_seqs: 256,
             profile: LatencyProfile::builtin("h200-llama-3.1-8b").unwrap(),
             kv_transfer_gbytes_per_s: 170.0,
+            lower_tiers: Vec::new(),
         },
         timing: Timing::exact(speedup),
         event_format: None,
@@ -62,6 +63,7 @@ pub async fn start_sim_with(
         startup_delay: Duration::ZERO,
         refuse_connections: false,
         enable_scale_out: false,
+        kvd: None,
     };
     let mut cfg = cfg;
     adjust(&mut cfg);

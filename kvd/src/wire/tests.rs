@@ -109,6 +109,10 @@ fn every_golden_request_parses_to_its_fields() {
                 keys: m["keys"].as_array().unwrap().iter().map(key).collect(),
                 scope: scope(&m),
             },
+            "batch_lookup_tier" => Request::BatchLookupTier {
+                keys: m["keys"].as_array().unwrap().iter().map(key).collect(),
+                scope: scope(&m),
+            },
             "clear" => Request::Clear { scope: scope(&m) },
             "stats" => Request::Stats,
             other => panic!("golden op {other}"),
@@ -223,6 +227,14 @@ fn every_reply_encodes_to_the_golden_bytes() {
                     .unwrap()
                     .iter()
                     .map(|v| v.as_bool().unwrap())
+                    .collect(),
+            },
+            "batch_lookup_tier_response" => Reply::BatchLookupTierResponse {
+                tiers: m["tiers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|t| Location::parse(t.as_str().unwrap()).unwrap())
                     .collect(),
             },
             "clear_ack" => Reply::ClearAck {

@@ -25,6 +25,7 @@ pub fn mk_config(engine: EngineKind) -> WorkerConfig {
             max_num_seqs: 256,
             profile: LatencyProfile::builtin("h200-llama-3.1-8b").unwrap(),
             kv_transfer_gbytes_per_s: 170.0,
+            lower_tiers: Vec::new(),
         },
         timing: Timing::exact(50.0),
         event_format: None,
@@ -38,6 +39,7 @@ pub fn mk_config(engine: EngineKind) -> WorkerConfig {
         startup_delay: Duration::ZERO,
         refuse_connections: false,
         enable_scale_out: false,
+        kvd: None,
     }
 }
 
