@@ -95,7 +95,7 @@ spec:
     // subscriber sees each one whether it goes through the work queue or not.
     let nats = charts_nats(&cluster).await;
     let mut seen = nats.subscribe("infera.req.>").await.unwrap();
-    nats.flush().await.unwrap();
+    infera_testkit::nats_round_trip(&nats).await.unwrap();
     let before = requests_in_stream(&nats).await;
     let load = Load::start(&gateway, "plane-model", 3, 200);
     tokio::time::sleep(Duration::from_secs(15)).await;

@@ -454,7 +454,7 @@ async fn count_plane_messages<F: std::future::Future<Output = LoadReport>>(
         .await
         .unwrap();
     let mut seen = nats.subscribe("infera.req.>").await.unwrap();
-    nats.flush().await.unwrap();
+    infera_testkit::nats_round_trip(&nats).await.unwrap();
     let report = run.await;
     let mut published = 0;
     while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(500), seen.next()).await {

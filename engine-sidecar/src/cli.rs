@@ -6,6 +6,9 @@
 
 use infera_engine_prep::Launch;
 use infera_etcd_conn::EtcdSecurity;
+use infera_proto::kv_tiers::{
+    DEFAULT_KV_BYTES_PER_TOKEN, DEFAULT_PREFILL_MS_PER_TOKEN, DeclaredTiers, KvTier, TierCost,
+};
 use std::time::Duration;
 use thiserror::Error;
 
@@ -57,6 +60,9 @@ pub struct SidecarArgs {
     /// kvd's socket beside the engine: prefetch hints posted to the status port's
     /// `/kvd/prefetch` go there (a gateway's `POST /v1/cache/prewarm`).
     pub kvd_socket: Option<std::path::PathBuf>,
+    /// The tiers below the engine's memory its KV connector loads from (kvd's RAM, NVMe
+    /// and shared tiers), declared in the record for routers to score.
+    pub kv_tiers: DeclaredTiers,
     /// Everything else, for the engine.
     pub engine_args: Vec<String>,
 }
@@ -119,6 +125,12 @@ pub const USAGE: &str = "Infera flags (each also as the environment variable in 
                               leaves a prefetch_hint there (gateways forward POST /v1/cache/prewarm;
                               callers outside the Pod send x-infera-drain-token, as for /drain)
                               [INFERA_KVD_SOCKET] (none: /kvd/prefetch answers 503)
+  --kv-tiers host[,disk][,remote]   the tiers below HBM the engine's KV connector loads from
+                              (kvd's RAM, NVMe and shared tiers), declared in the record's
+                              `kv.tiers` for kv-aware routers to score [INFERA_KV_TIERS] (none)
+  --kv-tier-cost TIER=RTT_MS:GBYTES_PER_S[,...]   a declared tier's load cost instead of the
+                              measured default (host=0.1:54.8, disk=1:0.439, remote=0.37:0.338)
+                              [INFERA_KV_TIER_COST]
   --disaggregation-allow-tcp  accept a prefill/decode worker on a loopback host or TCP transport
                               [INFERA_DISAGGREGATION_ALLOW_TCP] (refused otherwise)
   --attach                    the engine runs in its own container: watch it, do not launch it;
@@ -192,7 +204,7 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
         "1" | "true" | "yes"
     );
     let mut engine_args = Vec::new();
-    const VALUED: [&str; 24] = [
+    const VALUED: [&str; 26] = [
         "--etcd-endpoint",
         "--etcd-prefix",
         "--etcd-ca-file",
@@ -217,6 +229,8 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
         "--discovery-backend",
         "--k8s-namespace",
         "--kvd-socket",
+        "--kv-tiers",
+        "--kv-tier-cost",
     ];
     let mut it = args[1..].iter();
     while let Some(arg) = it.next() {
@@ -402,6 +416,10 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
             }
         },
         kvd_socket: optional("--kvd-socket", "INFERA_KVD_SOCKET").map(Into::into),
+        kv_tiers: parse_kv_tiers(
+            &get("--kv-tiers", "INFERA_KV_TIERS", ""),
+            &get("--kv-tier-cost", "INFERA_KV_TIER_COST", ""),
+        )?,
         engine_args,
     };
     if args.kubernetes_pod.is_none() {
@@ -410,6 +428,39 @@ pub fn parse_args(args: &[String]) -> Result<SidecarArgs, CliError> {
             .map_err(|e| CliError::Invalid(e.0))?;
     }
     Ok(args)
+}
+
+/// `--kv-tiers host,disk,remote` with `--kv-tier-cost TIER=RTT_MS:GBYTES_PER_S,...`
+/// (each tier's measured default otherwise).
+fn parse_kv_tiers(tiers: &str, costs: &str) -> Result<DeclaredTiers, CliError> {
+    let mut stated = Vec::new();
+    for item in costs.split(',').map(str::trim).filter(|c| !c.is_empty()) {
+        stated.push(
+            TierCost::parse_stated(item).map_err(|e| CliError::BadValue {
+                flag: "--kv-tier-cost",
+                message: e.to_string(),
+            })?,
+        );
+    }
+    let mut costs = Vec::new();
+    for name in tiers.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        let tier = KvTier::parse_lower(name).map_err(|e| CliError::BadValue {
+            flag: "--kv-tiers",
+            message: e.to_string(),
+        })?;
+        let cost = TierCost::stated_or_measured(&stated, tier);
+        if let Some(cost) = cost
+            && !costs.iter().any(|(t, _)| *t == tier)
+        {
+            costs.push((tier, cost));
+        }
+    }
+    costs.sort_by_key(|(t, _)| *t);
+    Ok(DeclaredTiers {
+        costs,
+        kv_bytes_per_token: DEFAULT_KV_BYTES_PER_TOKEN,
+        prefill_ms_per_token: DEFAULT_PREFILL_MS_PER_TOKEN,
+    })
 }
 
 #[cfg(test)]
@@ -443,6 +494,40 @@ mod tests {
             a.engine_args,
             args("--model-path /m --port 30000 --etcd-prefix-extra x")
         );
+    }
+
+    #[test]
+    fn kv_tiers_are_declared_with_measured_or_stated_costs() {
+        let a = parse_args(&args(
+            "vllm --kv-tiers remote,host --kv-tier-cost remote=2:1.5 --model m",
+        ))
+        .unwrap();
+        assert_eq!(
+            a.kv_tiers.costs,
+            vec![
+                (KvTier::Host, TierCost::measured(KvTier::Host).unwrap()),
+                (
+                    KvTier::Remote,
+                    TierCost {
+                        rtt_ms: 2.0,
+                        gbytes_per_s: 1.5
+                    }
+                ),
+            ]
+        );
+        assert_eq!(a.engine_args, args("--model m"));
+        assert!(parse_args(&args("vllm")).unwrap().kv_tiers.costs.is_empty());
+        for bad in [
+            "vllm --kv-tiers device",
+            "vllm --kv-tiers tape",
+            "vllm --kv-tiers host --kv-tier-cost host=fast",
+            "vllm --kv-tiers host --kv-tier-cost host=0.1:0",
+        ] {
+            assert!(
+                matches!(parse_args(&args(bad)), Err(CliError::BadValue { .. })),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

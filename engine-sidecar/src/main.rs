@@ -409,6 +409,9 @@ async fn run() -> i32 {
     if let Some(revision) = &args.revision {
         record.set_revision(revision);
     }
+    if args.kv_tiers.any() {
+        args.kv_tiers.declare_on(&mut record);
+    }
     // Serving the subject before registering: a gateway that sees the record can send.
     let plane = match &args.request_plane {
         Some(settings) => {

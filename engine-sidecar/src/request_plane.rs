@@ -104,6 +104,23 @@ struct Proxy {
     inflight: InflightMap,
 }
 
+/// Returns once the server has read every subscription `client` sent before (a flush
+/// only writes them to the socket): a request on a fresh inbox nobody listens to comes
+/// back "no responders" after the server processed what came ahead of it, so a gateway
+/// that sees this worker's record finds its subject served.
+async fn server_holds_subscriptions(
+    client: &async_nats::Client,
+) -> Result<(), async_nats::RequestError> {
+    match client
+        .request(client.new_inbox(), bytes::Bytes::new())
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == async_nats::RequestErrorKind::NoResponders => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 impl RequestServer {
     /// Serves `worker_id`'s subject for the engine at `engine` (`http://127.0.0.1:PORT`).
     pub async fn start(
@@ -177,10 +194,9 @@ impl RequestServer {
             tracing::info!(subject, "NATS request consumer up");
             None
         };
-        client
-            .flush()
+        server_holds_subscriptions(&client)
             .await
-            .map_err(|e| format!("flushing the subscriptions: {e}"))?;
+            .map_err(|e| format!("confirming the subscriptions with the server: {e}"))?;
         Ok(Self {
             client,
             worker_id: worker_id.to_owned(),

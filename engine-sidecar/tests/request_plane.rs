@@ -147,7 +147,7 @@ async fn every_request_shape_over_nats_answers_what_http_answers() {
         .subscribe(format!("infera.req.{token}"))
         .await
         .unwrap();
-    client.flush().await.unwrap();
+    infera_testkit::nats_round_trip(&client).await.unwrap();
     let shapes = shapes();
     for (path, body) in &shapes {
         let (s_nats, a_nats) = answer(over_nats.addr, path, body).await;
@@ -156,22 +156,34 @@ async fn every_request_shape_over_nats_answers_what_http_answers() {
         assert_eq!(a_nats, a_http, "{path} {body}");
     }
     // One envelope per request to the NATS gateway, in order; none from the HTTP one.
-    for (path, body) in &shapes {
-        let published = tokio::time::timeout(Duration::from_secs(10), seen.next())
-            .await
-            .expect("the NATS gateway published every request")
-            .unwrap();
-        let envelope: Value = serde_json::from_slice(&published.payload).unwrap();
-        let stream = body.get("stream").cloned().unwrap_or(json!(false));
-        assert_eq!(envelope["stream"], stream, "{path} {envelope}");
-        let engine_path = if *path == "/v1/messages" {
-            "/v1/chat/completions"
-        } else {
-            path
+    let expected: Vec<(Value, Value)> = shapes
+        .iter()
+        .map(|(path, body)| {
+            let engine_path = if *path == "/v1/messages" {
+                "/v1/chat/completions"
+            } else {
+                path
+            };
+            (
+                json!(engine_path),
+                body.get("stream").cloned().unwrap_or(json!(false)),
+            )
+        })
+        .collect();
+    let mut published = Vec::new();
+    while published.len() < expected.len() {
+        let Ok(Some(message)) = tokio::time::timeout(Duration::from_secs(10), seen.next()).await
+        else {
+            break;
         };
-        assert_eq!(envelope["path"], engine_path);
-        assert!(envelope["headers"]["x-infera-request-id"].is_string());
+        let envelope: Value = serde_json::from_slice(&message.payload).unwrap();
+        assert!(
+            envelope["headers"]["x-infera-request-id"].is_string(),
+            "{envelope}"
+        );
+        published.push((envelope["path"].clone(), envelope["stream"].clone()));
     }
+    assert_eq!(published, expected);
     assert!(
         tokio::time::timeout(Duration::from_millis(300), seen.next())
             .await
@@ -199,7 +211,7 @@ async fn a_client_that_leaves_cancels_the_generation_and_timeouts_answer_504() {
         .subscribe(format!("infera.cancel.{token}"))
         .await
         .unwrap();
-    client.flush().await.unwrap();
+    infera_testkit::nats_round_trip(&client).await.unwrap();
 
     // A long stream, left after its first events.
     let body = json!({"model": MODEL, "prompt": "Once", "max_tokens": 5000, "stream": true});

@@ -66,7 +66,7 @@ async fn the_gateway_reads_the_earlier_workers_frames_as_the_earlier_router_did(
         .subscribe(format!("infera.req.{}", build_worker_token(&worker_id)))
         .await
         .unwrap();
-    nats.flush().await.unwrap();
+    infera_testkit::nats_round_trip(&nats).await.unwrap();
     let gw = nats_gateway(&prefix, &["--migration-limit", "1"], 1).await;
     // (scenario, status the client gets, whether it streams)
     for (scenario, want_status) in [
@@ -255,7 +255,7 @@ async fn the_gateway_serves_through_a_worker_written_from_the_earlier_side() {
         .subscribe(format!("infera.cancel.{}", build_worker_token(&worker_id)))
         .await
         .unwrap();
-    watcher.flush().await.unwrap();
+    infera_testkit::nats_round_trip(&watcher).await.unwrap();
     let body =
         json!({"model": "fixture-model", "max_tokens": 5000, "prompt": "Once", "stream": true});
     let r = reqwest::Client::new()

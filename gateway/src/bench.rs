@@ -72,7 +72,7 @@ pub fn measure(workers: usize, blocks: usize) -> Result<IndexFigures, String> {
         let t = Instant::now();
         for (w, evs) in events.iter().enumerate() {
             for e in evs {
-                index.apply(&format!("w{w}"), BLOCK, e);
+                index.apply(&format!("w{w}"), BLOCK, "bench-model", e);
             }
         }
         rates.push((workers * blocks) as f64 / t.elapsed().as_secs_f64());
@@ -116,7 +116,7 @@ pub fn measure(workers: usize, blocks: usize) -> Result<IndexFigures, String> {
             data_parallel_rank: None,
             layout: KvEventLayout::Array,
         };
-        router.apply_batch(&targets[w].key, BLOCK, &batch);
+        router.apply_batch(&targets[w].key, BLOCK, "bench-model", &batch);
     }
     let Some(KvEvent::BlockStored(first)) = events[0].first() else {
         return Err("no stored event".into());

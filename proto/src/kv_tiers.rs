@@ -18,7 +18,7 @@
 //! trip dominates) is recomputed and a long one loaded. [`run_cost`] gives the cost of a
 //! run in blocks' worth of recomputation, the unit of the router's cost.
 
-use crate::worker::KvInfo;
+use crate::worker::{KvInfo, WorkerRecord};
 use serde_json::{Map, Value, json};
 
 /// A place a block's KV can be.
@@ -91,6 +91,27 @@ impl KvTier {
     }
 }
 
+/// A tier or a tier's cost as a command line states it, refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TierSpecError {
+    /// Not one of the tiers below the device.
+    #[error("{0:?}: expected host, disk or remote")]
+    UnknownTier(String),
+    /// Not `TIER=RTT_MS:GBYTES_PER_S` with a round trip of 0 or more and a positive rate.
+    #[error("{0:?}: expected TIER=RTT_MS:GBYTES_PER_S, e.g. host=0.1:54.8")]
+    BadCost(String),
+}
+
+impl KvTier {
+    /// A tier below the device as `--kv-tiers` and `--kvd-tiers` name it (`host`, `disk`,
+    /// `remote`, or another of [`KvTier::from_name`]'s names).
+    pub fn parse_lower(name: &str) -> Result<Self, TierSpecError> {
+        Self::from_name(name.trim())
+            .filter(|t| *t != Self::Device)
+            .ok_or_else(|| TierSpecError::UnknownTier(name.to_owned()))
+    }
+}
+
 /// What loading from one tier costs: a round trip, then the bytes at a rate (tier read
 /// through to device memory).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -105,6 +126,33 @@ impl TierCost {
     /// Time to load `bytes` (ms).
     pub fn load_ms(&self, bytes: f64) -> f64 {
         self.rtt_ms + bytes / (self.gbytes_per_s.max(1e-9) * 1e6)
+    }
+
+    /// `TIER=RTT_MS:GBYTES_PER_S`, as `--kv-tier-cost` and `--kvd-tier-cost` state a
+    /// tier's cost.
+    pub fn parse_stated(item: &str) -> Result<(KvTier, Self), TierSpecError> {
+        let bad = || TierSpecError::BadCost(item.to_owned());
+        let (tier, cost) = item.trim().split_once('=').ok_or_else(bad)?;
+        let tier = KvTier::parse_lower(tier).map_err(|_| bad())?;
+        let (rtt, rate) = cost.split_once(':').ok_or_else(bad)?;
+        let cost = Self {
+            rtt_ms: rtt.parse().map_err(|_| bad())?,
+            gbytes_per_s: rate.parse().map_err(|_| bad())?,
+        };
+        if !(cost.rtt_ms >= 0.0 && cost.gbytes_per_s > 0.0 && cost.gbytes_per_s.is_finite()) {
+            return Err(bad());
+        }
+        Ok((tier, cost))
+    }
+
+    /// The last of `stated` for `tier`, else its measured default.
+    pub fn stated_or_measured(stated: &[(KvTier, TierCost)], tier: KvTier) -> Option<Self> {
+        stated
+            .iter()
+            .rev()
+            .find(|(t, _)| *t == tier)
+            .map(|(_, c)| *c)
+            .or_else(|| Self::measured(tier))
     }
 
     /// The measured default of a lower tier (`bench/RESULTS.md`, S6, and `calib/`):
@@ -237,6 +285,34 @@ impl DeclaredTiers {
     }
 }
 
+impl DeclaredTiers {
+    /// Declares these tiers on `record`: into its `kv` block, or a `kv` block of its own
+    /// that states nothing else (no tokenizer, an empty canary) when it has none.
+    pub fn declare_on(&self, record: &mut WorkerRecord) {
+        let mut kv = match record.kv.take() {
+            Some(kv) => kv,
+            None => {
+                let block = record.kv_block_size.unwrap_or(16);
+                let minimal = json!({"engine_block_size": block, "index_block_size": 64,
+                                     "tokenizer": null, "tokenizer_digest": null,
+                                     "tokenizer_canary": []});
+                match serde_json::from_value::<KvInfo>(minimal) {
+                    Ok(kv) => kv,
+                    Err(_) => return,
+                }
+            }
+        };
+        for (key, value) in self.to_fields() {
+            if key == "tiers" {
+                kv.tiers = Some(value);
+            } else {
+                kv.extra.insert(key, value);
+            }
+        }
+        record.kv = Some(kv);
+    }
+}
+
 /// The cost of making `blocks` blocks of `block_tokens` tokens ready from `tier` at
 /// `cost`, in blocks' worth of recomputation: the load time over the time to recompute
 /// one block, but never more than recomputing them (`blocks`): the engine recomputes a
@@ -285,6 +361,56 @@ mod tests {
 
     fn kv(value: Value) -> KvInfo {
         serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn stated_tiers_and_costs_parse_or_say_what_is_expected() {
+        assert_eq!(KvTier::parse_lower("host"), Ok(KvTier::Host));
+        assert_eq!(KvTier::parse_lower(" disk"), Ok(KvTier::Disk));
+        assert_eq!(
+            KvTier::parse_lower("gpu"),
+            Err(TierSpecError::UnknownTier("gpu".into()))
+        );
+        assert_eq!(
+            TierCost::parse_stated("remote=0.37:20"),
+            Ok((
+                KvTier::Remote,
+                TierCost {
+                    rtt_ms: 0.37,
+                    gbytes_per_s: 20.0
+                }
+            ))
+        );
+        for bad in [
+            "remote",
+            "remote=1",
+            "device=1:1",
+            "host=-1:1",
+            "host=1:0",
+            "host=1:inf",
+        ] {
+            assert_eq!(
+                TierCost::parse_stated(bad),
+                Err(TierSpecError::BadCost(bad.into())),
+                "{bad}"
+            );
+        }
+        let stated = [(
+            KvTier::Disk,
+            TierCost {
+                rtt_ms: 1.0,
+                gbytes_per_s: 7.0,
+            },
+        )];
+        assert_eq!(
+            TierCost::stated_or_measured(&stated, KvTier::Disk),
+            Some(stated[0].1)
+        );
+        assert_eq!(
+            TierCost::stated_or_measured(&stated, KvTier::Host),
+            TierCost::measured(KvTier::Host)
+        );
+        assert_eq!(TierCost::stated_or_measured(&stated, KvTier::Device), None);
     }
 
     fn base() -> Value {

@@ -214,9 +214,9 @@ pub struct Cli {
     #[arg(long, env = "INFERA_KVD_SOCKET")]
     pub kvd_socket: Option<String>,
 
-    /// The tiers the kvd has beside its RAM: disk (its NVMe tier) and remote (a shared
-    /// Redis/Valkey tier), comma-separated; `long` blocks reach them.
-    #[arg(long, value_delimiter = ',', value_parser = lower_tier)]
+    /// The tiers the kvd has: host (its RAM, always), disk (its NVMe tier) and remote (a
+    /// shared Redis/Valkey tier), comma-separated; `long` blocks reach disk and remote.
+    #[arg(long, env = "INFERA_KV_TIERS", value_delimiter = ',', value_parser = lower_tier)]
     pub kvd_tiers: Vec<KvTier>,
 
     /// What loading from a tier costs, TIER=RTT_MS:GBYTES_PER_S (repeatable), instead of
@@ -231,32 +231,15 @@ pub struct Cli {
     pub kvd_payload_bytes: usize,
 }
 
-/// A `--kvd-tiers` value.
+/// A `--kvd-tiers` value (`host`, always there, is accepted as the sidecar's
+/// `--kv-tiers` names it).
 fn lower_tier(value: &str) -> Result<KvTier, String> {
-    match KvTier::from_name(value) {
-        Some(t @ (KvTier::Disk | KvTier::Remote)) => Ok(t),
-        _ => Err(format!(
-            "{value:?}: expected disk or remote (host is always there)"
-        )),
-    }
+    KvTier::parse_lower(value).map_err(|e| e.to_string())
 }
 
 /// A `--kvd-tier-cost` value.
 fn tier_cost(value: &str) -> Result<(KvTier, TierCost), String> {
-    let bad = || format!("{value:?}: expected TIER=RTT_MS:GBYTES_PER_S, e.g. host=0.1:54.8");
-    let (tier, cost) = value.split_once('=').ok_or_else(bad)?;
-    let tier = KvTier::from_name(tier)
-        .filter(|t| *t != KvTier::Device)
-        .ok_or_else(bad)?;
-    let (rtt, rate) = cost.split_once(':').ok_or_else(bad)?;
-    let cost = TierCost {
-        rtt_ms: rtt.parse().map_err(|_| bad())?,
-        gbytes_per_s: rate.parse().map_err(|_| bad())?,
-    };
-    if cost.rtt_ms < 0.0 || cost.gbytes_per_s <= 0.0 {
-        return Err(bad());
-    }
-    Ok((tier, cost))
+    TierCost::parse_stated(value).map_err(|e| e.to_string())
 }
 
 /// Parses `args`, dropping engine flags the simulator does not know (with a warning
@@ -316,11 +299,7 @@ impl Cli {
             tiers: tiers
                 .into_iter()
                 .filter_map(|t| {
-                    let stated = self.kvd_tier_cost.iter().rev().find(|(s, _)| *s == t);
-                    stated
-                        .map(|(_, c)| *c)
-                        .or_else(|| TierCost::measured(t))
-                        .map(|c| (t, c))
+                    TierCost::stated_or_measured(&self.kvd_tier_cost, t).map(|c| (t, c))
                 })
                 .collect(),
             payload_bytes: self.kvd_payload_bytes.max(8),

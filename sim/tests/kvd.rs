@@ -18,16 +18,26 @@ use tokio::sync::oneshot;
 
 /// kvd on `socket`, in this process, until `stop` fires; the task ends when it has.
 fn start_kvd(socket: &Path) -> (oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
-    let cli = <KvdArgs as clap::Parser>::try_parse_from([
+    start_kvd_with(socket, &[])
+}
+
+/// [`start_kvd`] with more of kvd's flags.
+fn start_kvd_with(
+    socket: &Path,
+    extra: &[&str],
+) -> (oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let max_bytes = (32u64 << 20).to_string();
+    let mut args = vec![
         "infera-kvd",
         "--socket",
         socket.to_str().unwrap(),
         "--max-bytes",
-        &(32u64 << 20).to_string(),
+        &max_bytes,
         "--metrics-addr",
         "",
-    ])
-    .unwrap();
+    ];
+    args.extend_from_slice(extra);
+    let cli = <KvdArgs as clap::Parser>::try_parse_from(args).unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         infera_kvd::service::run(cli, async move {
@@ -179,14 +189,79 @@ async fn a_prompt_evicted_from_hbm_is_loaded_back_from_kvd() {
     );
     assert!(loaded >= 500.0, "loaded {loaded} tokens from kvd's RAM");
     // kvd served them: its own counters say so.
-    let mut client = infera_kvd::client::Client::connect(&socket, "test", false).unwrap();
-    let stats = client
-        .request(&infera_kvd::client::request_map("stats", vec![]))
-        .unwrap();
+    let stats = kvd_stats(&socket);
     let hits = infera_kvd::client::field(&stats, "hits_total")
         .and_then(rmpv::Value::as_u64)
         .unwrap();
     assert!(hits >= 30, "kvd hits {hits}");
+}
+
+/// kvd's `stats` reply.
+fn kvd_stats(socket: &Path) -> rmpv::Value {
+    let mut client = infera_kvd::client::Client::connect(socket, "test", false).unwrap();
+    client
+        .request(&infera_kvd::client::request_map("stats", vec![]))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_one_worker_stored_in_the_shared_tier_is_loaded_by_another() {
+    let redis = infera_testkit::redis::RedisServer::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let http = reqwest::Client::new();
+    let mut workers = Vec::new();
+    let mut kvds = Vec::new();
+    for name in ["a", "b"] {
+        let socket = dir.path().join(format!("{name}.sock"));
+        kvds.push(start_kvd_with(&socket, &["--remote-url", &redis.url()]));
+        wait_for_socket(&socket).await;
+        let mut cfg = mk_config(EngineKind::Vllm);
+        let mut kvd = kvd_config(socket.clone());
+        // A shared tier as fast as an RDMA store: the measured same-host Redis moves
+        // bytes slower than recomputing them, and the engine would rather compute.
+        kvd.tiers.push((
+            KvTier::Remote,
+            TierCost {
+                rtt_ms: 0.37,
+                gbytes_per_s: 20.0,
+            },
+        ));
+        cfg.kvd = Some(kvd);
+        workers.push((start(cfg).await, socket));
+    }
+    let (a, _) = &workers[0];
+    let (b, b_socket) = &workers[1];
+
+    chat(&http, a, &prompt("alpha", 600)).await;
+    stored(&http, a, 30.0).await;
+    // Long blocks are written behind to Redis; once there, B's first sight of the prompt
+    // loads them.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let addr = redis.url().trim_start_matches("redis://").to_owned();
+    while infera_testkit::redis::key_count(&addr).unwrap() < 30 {
+        assert!(
+            Instant::now() < deadline,
+            "alpha's blocks never reached Redis"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let again = chat(&http, b, &prompt("alpha", 600)).await;
+    assert!(cached(&again) >= 500, "B loaded alpha from Redis: {again}");
+    let loaded = metric(
+        &http,
+        b,
+        "infera_sim_kvd_loaded_tokens_total{model_name=\"fixture-model\",tier=\"remote\"}",
+    )
+    .await;
+    assert!(
+        loaded >= 500.0,
+        "B loaded {loaded} tokens from the shared tier"
+    );
+    let stats = kvd_stats(b_socket);
+    let hits = infera_kvd::client::field(&stats, "hits_total")
+        .and_then(rmpv::Value::as_u64)
+        .unwrap();
+    assert!(hits >= 30, "B's kvd answered the gets: {stats}");
 }
 
 /// kvd as its own process (the workspace's `infera-kvd`, which `scripts/test` builds),

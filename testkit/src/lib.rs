@@ -26,7 +26,7 @@ mod shared;
 
 pub use shared::{
     ENV_ETCD, ENV_KUBECONFIG, ENV_NATS, etcd_client, etcd_endpoint, kube_client, kubeconfig,
-    nats_client, nats_url, unique_name,
+    nats_client, nats_round_trip, nats_url, unique_name,
 };
 
 /// The test cache: `INFERA_TESTENV_CACHE`, else `~/.cache/infera-testenv` (built

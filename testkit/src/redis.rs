@@ -55,6 +55,24 @@ fn ping(port: u16) -> Result<(), String> {
         .ok_or_else(|| format!("answered {:?}", String::from_utf8_lossy(&buf)))
 }
 
+/// How many keys the Redis at `addr` (`host:port`) holds (`DBSIZE`).
+pub fn key_count(addr: &str) -> Result<u64, TestEnvError> {
+    let ask = || -> Result<u64, String> {
+        let mut s = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))
+            .map_err(|e| e.to_string())?;
+        s.write_all(b"DBSIZE\r\n").map_err(|e| e.to_string())?;
+        let mut buf = [0u8; 32];
+        let n = s.read(&mut buf).map_err(|e| e.to_string())?;
+        let reply = String::from_utf8_lossy(&buf[..n]);
+        reply
+            .strip_prefix(':')
+            .and_then(|r| r.trim().parse().ok())
+            .ok_or_else(|| format!("DBSIZE answered {reply:?}"))
+    };
+    ask().map_err(|e| prepare(format!("{addr}: {e}")))
+}
+
 impl RedisServer {
     /// Starts redis-server on a free port (no persistence) and waits until it answers
     /// PING.

@@ -111,6 +111,21 @@ pub async fn nats_client() -> Result<async_nats::Client, TestEnvError> {
         })
 }
 
+/// Returns once the NATS server has read everything `client` sent before, its
+/// subscriptions above all: async-nats's `flush` only writes them to the socket, so a
+/// publish from another connection right after it can miss a fresh subscriber. A request
+/// on an inbox nobody serves comes back "no responders" only after the server got there.
+pub async fn nats_round_trip(client: &async_nats::Client) -> Result<(), TestEnvError> {
+    match client.request(client.new_inbox(), Default::default()).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == async_nats::RequestErrorKind::NoResponders => Ok(()),
+        Err(e) => Err(TestEnvError::Prepare {
+            name: "nats-server",
+            message: format!("a round trip to the server: {e}"),
+        }),
+    }
+}
+
 /// Path of an admin kubeconfig for the shared kube-apiserver.
 pub async fn kubeconfig() -> Result<PathBuf, TestEnvError> {
     let shared = KUBE

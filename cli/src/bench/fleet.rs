@@ -10,19 +10,35 @@ use infera_gateway::Gateway;
 use infera_gateway::Registry;
 use infera_gateway::config::GatewayConfig;
 use infera_gateway::server::{RunningGateway, start_embedded};
+use infera_kvd::cli::KvdArgs;
 use infera_prompt::PromptCodec;
+use infera_proto::kv_tiers::{DeclaredTiers, KvTier, TierCost};
 use infera_proto::pd::PdProtocol;
 use infera_sim::core::CoreConfig;
 use infera_sim::engine::Timing;
 use infera_sim::faults::FaultSettings;
 use infera_sim::kv_events::KvEventsEndpoint;
+use infera_sim::kvd_connector::KvdConfig;
 use infera_sim::pd::PdLeg;
 use infera_sim::profile::LatencyProfile;
 use infera_sim::worker::{RunningWorker, WorkerConfig, build_generator, start_worker};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
+
+/// Waits until a kvd listens on `socket`.
+async fn wait_for_socket(socket: &Path) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(socket).is_err() {
+        if Instant::now() >= deadline {
+            anyhow::bail!("kvd did not listen on {} within 10 s", socket.display());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
 
 /// Model name every bench worker serves.
 pub const MODEL: &str = "bench-model";
@@ -45,7 +61,14 @@ pub struct SimSpec {
     pub kv_events: bool,
     /// KV transfer bandwidth (prefill/decode).
     pub transfer_gbytes_per_s: f64,
+    /// A kvd beside it (RAM only, in-process), reached through the simulator's KV
+    /// connector.
+    pub kvd: bool,
 }
+
+/// kvd's RAM beside each simulator: its share of any scenario's working set at the
+/// connector's 4 KiB payload per block, with room to spare.
+const KVD_BYTES: u64 = 64 << 20;
 
 /// Simulators and gateways.
 #[derive(Debug)]
@@ -58,6 +81,9 @@ pub struct Fleet {
     pub gateways: Vec<RunningGateway>,
     /// The simulators' NATS request servers (a fleet over the request plane).
     planes: Vec<RequestServer>,
+    /// The kvds beside simulators: how to stop each, and the folder of their sockets.
+    kvds: Vec<tokio::sync::oneshot::Sender<()>>,
+    kvd_dir: Option<tempfile::TempDir>,
 }
 
 fn runtime(name: &str, threads: usize) -> Result<Runtime> {
@@ -142,8 +168,57 @@ impl Fleet {
         let mut running = Vec::new();
         let mut records = Vec::new();
         let mut planes = Vec::new();
+        let mut kvds = Vec::new();
+        let kvd_dir = if sims.iter().any(|s| s.kvd) {
+            Some(tempfile::tempdir().context("a folder for kvd sockets")?)
+        } else {
+            None
+        };
         for (i, spec) in sims.iter().enumerate() {
-            let cfg = worker_config(spec, i)?;
+            let mut cfg = worker_config(spec, i)?;
+            let mut declared = None;
+            if let (true, Some(dir)) = (spec.kvd, &kvd_dir) {
+                let socket = dir.path().join(format!("kvd-{i}.sock"));
+                let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+                let args = KvdArgs::try_parse_from([
+                    "infera-kvd",
+                    "--socket",
+                    &socket.display().to_string(),
+                    "--max-bytes",
+                    &KVD_BYTES.to_string(),
+                    "--metrics-addr",
+                    "",
+                ])
+                .map_err(|e| anyhow!("kvd flags: {e}"))?;
+                sim_rt.spawn(async move {
+                    if let Err(e) = infera_kvd::service::run(args, async move {
+                        let _ = stopped.await;
+                    })
+                    .await
+                    {
+                        tracing::error!("bench kvd: {e:#}");
+                    }
+                });
+                wait_for_socket(&socket).await?;
+                kvds.push(stop);
+                let tiers = vec![(
+                    KvTier::Host,
+                    TierCost::measured(KvTier::Host).ok_or_else(|| anyhow!("host tier"))?,
+                )];
+                // The record declares what the connector loads from, at the same costs.
+                declared = Some(DeclaredTiers {
+                    costs: tiers.clone(),
+                    kv_bytes_per_token: cfg.core.profile.kv_bytes_per_token,
+                    prefill_ms_per_token: cfg.core.profile.prefill_c1_ms_per_token,
+                });
+                cfg.kvd = Some(KvdConfig {
+                    socket,
+                    tiers,
+                    payload_bytes: 4096,
+                    model: MODEL.into(),
+                    compat_key: format!("{}/bs{BLOCK_TOKENS}", spec.profile),
+                });
+            }
             let events = cfg.kv_events.as_ref().map(|e| e.endpoint.clone());
             let role = cfg.pd.clone();
             let (codec, generator) = (codec.clone(), generator.clone());
@@ -158,6 +233,9 @@ impl Fleet {
                 events.as_deref(),
                 16,
             )?;
+            if let Some(tiers) = &declared {
+                tiers.declare_on(&mut record);
+            }
             if let Some(url) = nats {
                 let settings = PlaneSettings {
                     url: url.to_owned(),
@@ -212,6 +290,8 @@ impl Fleet {
             sims: running,
             gateways: gws,
             planes,
+            kvds,
+            kvd_dir,
         })
     }
 
@@ -241,6 +321,8 @@ impl Fleet {
             sims: Vec::new(),
             gateways: vec![gw],
             planes: Vec::new(),
+            kvds: Vec::new(),
+            kvd_dir: None,
         })
     }
 
@@ -294,6 +376,10 @@ impl Fleet {
                 })
                 .await;
         }
+        for stop in std::mem::take(&mut self.kvds) {
+            let _ = stop.send(());
+        }
+        self.kvd_dir.take();
         if let Some(rt) = self.gw_rt.take() {
             rt.shutdown_background();
         }

@@ -63,6 +63,9 @@ pub struct Step {
     pub evictions: u64,
 }
 
+/// The policy suffix that puts a kvd beside each simulator (`kv-aware+kvd`).
+pub const KVD_SUFFIX: &str = "+kvd";
+
 /// `workers` mixed simulators of `kv_blocks` blocks each, run at `speedup` with
 /// `profile`'s latencies ([`step`] sets whether they publish KV events).
 pub fn mixed_fleet(workers: usize, kv_blocks: usize, speedup: f64, profile: &str) -> Vec<SimSpec> {
@@ -74,6 +77,7 @@ pub fn mixed_fleet(workers: usize, kv_blocks: usize, speedup: f64, profile: &str
             pd: None,
             kv_events: false,
             transfer_gbytes_per_s: 170.0,
+            kvd: false,
         };
         workers
     ]
@@ -92,11 +96,17 @@ where
     F: FnOnce(Vec<String>) -> Fut,
     Fut: Future<Output = Vec<Outcome>>,
 {
+    // `<policy>+kvd`: the same router, each simulator with a kvd beside it.
+    let (policy, kvd) = match policy.strip_suffix(KVD_SUFFIX) {
+        Some(base) => (base, true),
+        None => (policy, false),
+    };
     let (flags, gateways, kv_events) = fleet_setup(policy)?;
     let sims: Vec<SimSpec> = sims
         .iter()
         .map(|s| SimSpec {
             kv_events,
+            kvd,
             ..s.clone()
         })
         .collect();

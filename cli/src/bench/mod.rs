@@ -196,7 +196,8 @@ fn weighted(policy: &str) -> Option<(bool, f64)> {
 /// Gateway flags, gateway count and whether simulators publish KV events, for a
 /// policy name: `random`, `round-robin`, `kv-aware`, `kv-aware-w<N>` (weight N),
 /// `kv-aware-approximate` (events ignored), `kv-aware-approximate-w<N>`,
-/// `kv-aware-2-replicas`.
+/// `kv-aware-2-replicas`. Any of them with `+kvd` (S2, S3, S8): each simulator with a
+/// kvd beside it.
 pub fn policy_flags(policy: &str) -> Result<(Vec<String>, usize, bool)> {
     let mut flags: Vec<String> = vec!["--shutdown-grace-s".into(), "1".into()];
     let mut gateways = 1;
@@ -755,7 +756,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     };
     if matches!(args.scenario, Scenario::S2 | Scenario::S3 | Scenario::S8) {
         for p in &policies {
-            policy_flags(p)?;
+            policy_flags(p.strip_suffix(ladder::KVD_SUFFIX).unwrap_or(p))?;
         }
     }
     policies.extend(peers.iter().map(under_test::PeerRouter::policy));

@@ -34,6 +34,7 @@ pub fn sims(workers: usize, speedup: f64, profile: &str) -> Vec<SimSpec> {
             pd: None,
             kv_events: false,
             transfer_gbytes_per_s: 170.0,
+            kvd: false,
         })
         .collect()
 }

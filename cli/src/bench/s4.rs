@@ -40,6 +40,7 @@ fn fleet_spec(
         pd,
         kv_events,
         transfer_gbytes_per_s: gbps,
+        kvd: false,
     };
     Ok(match policy {
         "mixed-round-robin" => (vec![sim(None, false); 4], policy_flags("round-robin")?.0),

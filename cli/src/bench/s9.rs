@@ -50,6 +50,7 @@ fn sims(size: &Size, speedup: f64, profile: &str) -> Vec<SimSpec> {
             pd: None,
             kv_events: false,
             transfer_gbytes_per_s: 170.0,
+            kvd: false,
         })
         .collect()
 }

@@ -12,13 +12,15 @@ use infera_gateway::Registry;
 use infera_gateway::config::GatewayConfig;
 use infera_gateway::server::{RunningGateway, start_embedded, start_gateway};
 use infera_operator::api::RoutingPolicy;
-use infera_operator::plan::Tokenizer;
+use infera_operator::plan::{KvdPlan, Tokenizer};
 use infera_operator::render::gateway_flags::{GatewaySite, build_gateway_args};
 use infera_prompt::PromptCodec;
 use infera_proto::discovery::{LEASE_TTL, build_worker_key};
+use infera_proto::kv_tiers::{DeclaredTiers, KvTier, TierCost};
 use infera_proto::pd::PdProtocol;
 use infera_proto::worker::{EngineKind, WorkerRecord};
 use infera_sim::kv_events::KvEventsEndpoint;
+use infera_sim::kvd_connector::KvdConfig;
 use infera_sim::pd::{PdLeg, PdRole, build_disagg_meta};
 use infera_sim::worker::{RunningWorker, build_generator, start_worker};
 use serde_json::json;
@@ -182,11 +184,41 @@ async fn start_sim_worker(
     });
     let block_size = cfg.core.block_size;
     let role_cfg = cfg.pd.clone();
+    // spec.kvCache: a kvd beside the worker, as the operator puts one in its pod.
+    let declared = match &d.plan.kvd {
+        Some(kvd) => {
+            let socket = start_kvd(kvd, &format!("{}-{}-{index}", d.name(), role.as_str())).await?;
+            let mut tiers = vec![(
+                KvTier::Host,
+                TierCost::measured(KvTier::Host).ok_or_else(|| anyhow!("host tier"))?,
+            )];
+            if kvd.remote_url.is_some() {
+                tiers.push((
+                    KvTier::Remote,
+                    TierCost::measured(KvTier::Remote).ok_or_else(|| anyhow!("remote tier"))?,
+                ));
+            }
+            let declared = DeclaredTiers {
+                costs: tiers.clone(),
+                kv_bytes_per_token: cfg.core.profile.kv_bytes_per_token,
+                prefill_ms_per_token: cfg.core.profile.prefill_c1_ms_per_token,
+            };
+            cfg.kvd = Some(KvdConfig {
+                socket,
+                tiers,
+                payload_bytes: 4096,
+                model: d.model().to_owned(),
+                compat_key: format!("{}/bs{block_size}", cfg.core.profile.name),
+            });
+            Some(declared)
+        }
+        None => None,
+    };
     let generator = Arc::new(build_generator(codec));
     let worker = start_worker(cfg, codec.clone(), generator)
         .await
         .with_context(|| format!("starting a simulated worker of {}", d.name()))?;
-    let record = build_sim_record(
+    let mut record = build_sim_record(
         worker.addr,
         d.engine(),
         d.model(),
@@ -194,7 +226,47 @@ async fn start_sim_worker(
         events.as_deref(),
         block_size,
     )?;
+    if let Some(declared) = declared {
+        declared.declare_on(&mut record);
+    }
     Ok((worker, record))
+}
+
+/// Starts an in-process kvd for worker `name` with `kvd`'s RAM (and shared store, when
+/// its URL is given), running until this process ends; returns its socket.
+async fn start_kvd(kvd: &KvdPlan, name: &str) -> Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("infera-up-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let socket = dir.join(format!("kvd-{name}.sock"));
+    let mut argv = vec![
+        "infera-kvd".to_owned(),
+        "--socket".into(),
+        socket.display().to_string(),
+        "--max-bytes".into(),
+        kvd.ram_bytes.to_string(),
+        "--metrics-addr".into(),
+        String::new(),
+    ];
+    if let Some(url) = &kvd.remote_url {
+        argv.extend(["--remote-url".into(), url.clone()]);
+    }
+    let args = <infera_kvd::cli::KvdArgs as clap::Parser>::try_parse_from(argv)
+        .map_err(|e| anyhow!("kvd for {name}: {e}"))?;
+    let owner = name.to_owned();
+    tokio::spawn(async move {
+        if let Err(e) = infera_kvd::service::run(args, std::future::pending()).await {
+            tracing::error!("kvd for {owner}: {e:#}");
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        if std::time::Instant::now() >= deadline {
+            anyhow::bail!("kvd for {name} did not listen on {}", socket.display());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    tracing::info!(worker = name, socket = %socket.display(), ram_bytes = kvd.ram_bytes, "kvd beside the worker");
+    Ok(socket)
 }
 
 /// The sidecar binary: beside this one, else on PATH.

@@ -43,6 +43,8 @@ pub(crate) struct SubSpec {
     pub(crate) replay: Option<String>,
     /// The worker's block size.
     pub(crate) block_size: u32,
+    /// The worker's model (its shared tier's blocks are the model's).
+    pub(crate) model: String,
 }
 
 /// Logs each (target, reason) once.
@@ -96,6 +98,7 @@ pub(crate) fn specs_for(record: &WorkerRecord) -> Vec<SubSpec> {
                     None => None,
                 },
                 block_size,
+                model: record.model_name.clone(),
             })
         })
         .collect()
@@ -159,6 +162,7 @@ fn ingest(
     log: &LogOnce,
     target: &str,
     block_size: u32,
+    model: &str,
     payload: &[u8],
 ) {
     let counters = &kv.ingest;
@@ -168,7 +172,7 @@ fn ingest(
             IngestCounters::add(&counters.batches_decoded, 1);
             IngestCounters::add(&counters.events_received, batch.events.len() as u64);
             metrics.record_kv_event("applied");
-            for skip in kv.apply_batch(target, block_size, &batch) {
+            for skip in kv.apply_batch(target, block_size, model, &batch) {
                 metrics.record_kv_event(skip.label());
                 if log.first(target, skip.label()) {
                     tracing::warn!(
@@ -262,6 +266,7 @@ async fn subscribe(spec: SubSpec, kv: Arc<KvRouter>, metrics: Arc<Metrics>, log:
                 &log,
                 &spec.target,
                 spec.block_size,
+                &spec.model,
                 parsed.payload,
             );
         }
@@ -331,6 +336,7 @@ async fn replay_round(
                 log,
                 &spec.target,
                 spec.block_size,
+                &spec.model,
                 parsed.payload,
             );
             last = Some(parsed.sequence);
@@ -421,7 +427,15 @@ async fn consume_nats(
         } else {
             worker_id.clone()
         };
-        ingest(kv, metrics, log, &target, block_size, &msg.payload);
+        ingest(
+            kv,
+            metrics,
+            log,
+            &target,
+            block_size,
+            &record.model_name,
+            &msg.payload,
+        );
     }
     Err("the JetStream consumer ended".into())
 }

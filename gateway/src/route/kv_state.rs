@@ -5,13 +5,14 @@
 
 use crate::metrics::{KvGauges, Metrics};
 use crate::request::validate::ApiKind;
-use crate::route::kv_cost::LoadState;
+use crate::route::kv_cost::{LoadState, lower_cover};
 use crate::route::prefix_index::{IndexSkip, PrefixIndex};
 use crate::workers::registry::Target;
 use arc_swap::ArcSwap;
 use infera_prompt::PromptCodec;
 use infera_proto::block_hash::compute_block_hashes;
 use infera_proto::kv_events::{KvEvent, KvEventBatch};
+use infera_proto::kv_tiers::{DeclaredTiers, KvTier};
 use infera_proto::worker::WorkerRecord;
 use serde_json::{Map, Value, json};
 use std::collections::{BTreeSet, HashMap};
@@ -313,22 +314,31 @@ impl KvRouter {
         weight: f64,
     ) -> Option<usize> {
         let state = self.state.lock().ok()?;
-        let scored: Vec<(&str, usize, usize)> = options
+        let scored: Vec<(&str, f64, usize)> = options
             .iter()
             .map(|t| {
                 let hashes = blocks.at(block_size_of(&t.record));
-                (
-                    t.key.as_str(),
-                    state.load.hits(&t.key, state.index.view(&t.key), hashes),
-                    hashes.len(),
-                )
+                let view = state.index.view(&t.key);
+                let held = state.load.hits(&t.key, view, hashes);
+                // Past the device hits: what the tiers the worker declares hold.
+                let declared = DeclaredTiers::from_kv(t.record.kv.as_ref());
+                let model = t.record.model_name.as_str();
+                let tier_of = |h: u64| {
+                    declared.costs.iter().map(|(tier, _)| *tier).find(|tier| {
+                        view.is_some_and(|v| v.holds_on(h, *tier))
+                            || (*tier == KvTier::Remote && state.index.shared_holds(model, h))
+                    })
+                };
+                let block_tokens = block_size_of(&t.record).unwrap_or(16) as usize;
+                let cover = lower_cover(hashes, held, block_tokens, &declared, tier_of);
+                (t.key.as_str(), held as f64 + cover, hashes.len())
             })
             .collect();
         // Candidates can differ in block size; compare in the first candidate's blocks.
         let n = scored.iter().map(|s| s.2).max().unwrap_or(0);
-        let pairs: Vec<(&str, usize)> = scored
+        let pairs: Vec<(&str, f64)> = scored
             .iter()
-            .map(|(k, h, len)| (*k, h * n / (*len).max(1)))
+            .map(|(k, h, len)| (*k, h * n as f64 / (*len).max(1) as f64))
             .collect();
         state.load.choose(&pairs, n, weight).map(|c| c.index)
     }
@@ -382,6 +392,7 @@ impl KvRouter {
         &self,
         target: &str,
         block_size: u32,
+        model: &str,
         batch: &KvEventBatch,
     ) -> Vec<IndexSkip> {
         let Ok(mut state) = self.state.lock() else {
@@ -389,7 +400,7 @@ impl KvRouter {
         };
         let mut skips = Vec::new();
         for event in &batch.events {
-            let skipped = state.index.apply(target, block_size, event);
+            let skipped = state.index.apply(target, block_size, model, event);
             let counter = match (skipped.is_empty(), event) {
                 (false, _) => &self.ingest.events_skipped,
                 (true, KvEvent::BlockStored(_)) => &self.ingest.stored_applied,
@@ -507,9 +518,13 @@ impl KvRouter {
             .route_targets()
             .iter()
             .map(|t| {
+                let view = state.index.view(&t.key);
+                let on = |tier: KvTier| view.map_or(0, |v| v.len_on(tier));
                 json!({
                     "key": t.key,
-                    "blocks": state.index.view(&t.key).map_or(0, |v| v.len()),
+                    "blocks": view.map_or(0, |v| v.len()),
+                    "lower_tier_blocks": {"host": on(KvTier::Host), "disk": on(KvTier::Disk),
+                                          "remote": on(KvTier::Remote)},
                     "active_blocks": state.load.active_blocks(&t.key),
                     "load": state.load.load(&t.key),
                 })

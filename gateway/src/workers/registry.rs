@@ -270,7 +270,13 @@ impl Registry {
     }
 
     fn check_canary(&self, record: &WorkerRecord) -> bool {
-        let Some(canary) = record.kv.as_ref().map(|kv| &kv.tokenizer_canary) else {
+        // An empty canary states nothing (a `kv` block written only to declare tiers).
+        let Some(canary) = record
+            .kv
+            .as_ref()
+            .map(|kv| &kv.tokenizer_canary)
+            .filter(|c| !c.is_empty())
+        else {
             return true;
         };
         let Ok(mut canaries) = self.canaries.lock() else {

@@ -540,6 +540,21 @@ fn kvd_container(kv: &KvdPlan, image: &str) -> Container {
     }
 }
 
+/// The tiers kvd gives the engine, as `--kv-tiers` names them: its RAM (`host`), its
+/// NVMe tier (`disk`) and the shared store (`remote`) when configured.
+fn kv_tiers(plan: &Plan) -> String {
+    let mut tiers = vec!["host"];
+    if let Some(kvd) = &plan.deployment.kvd {
+        if kvd.nvme.is_some() {
+            tiers.push("disk");
+        }
+        if kvd.remote_url.is_some() || kvd.remote_url_secret_ref.is_some() {
+            tiers.push("remote");
+        }
+    }
+    tiers.join(",")
+}
+
 fn sidecar_container(input: &PodInput<'_>) -> Container {
     let mut env = identity_env();
     env.extend(plain_env(&input.engine.env));
@@ -556,11 +571,14 @@ fn sidecar_container(input: &PodInput<'_>) -> Container {
         && input.platform.version.at_least(PlatformVersion::V0_2_0)
     {
         // After the first word, with the sidecar's own flags (it takes them anywhere).
+        // The record declares the tiers the engine's connector loads from.
         args.splice(
             1..1,
             [
                 "--kvd-socket".to_owned(),
                 format!("{KVD_SOCKET_DIR}/kvd.sock"),
+                "--kv-tiers".to_owned(),
+                kv_tiers(input.plan),
             ],
         );
         mounts.push(mount("kvd-socket", KVD_SOCKET_DIR));
@@ -611,6 +629,14 @@ fn engine_container(input: &PodInput<'_>) -> Container {
             value: Some(format!("{KVD_SOCKET_DIR}/kvd.sock")),
             ..Default::default()
         });
+        // The simulator's KV connector reads which of kvd's tiers long blocks reach.
+        if matches!(d.launch, Launch::Sim(_)) {
+            env.push(EnvVar {
+                name: "INFERA_KV_TIERS".into(),
+                value: Some(kv_tiers(plan)),
+                ..Default::default()
+            });
+        }
     }
     let budget = i32::try_from(d.model.startup_budget_seconds).unwrap_or(i32::MAX);
     let leader = input.place == NodePlace::Leader;
