@@ -24,10 +24,11 @@
 use crate::core::Offload;
 use crate::kv_cache::BlockKey;
 use crate::kv_events::KvEventConverter;
+use crate::profile::LatencyProfile;
 use infera_kvd::client::{Client, ClientScope};
 use infera_kvd::wire::Location;
 use infera_proto::kv_events::KvEventBatch;
-use infera_proto::kv_tiers::{KvTier, TierCost};
+use infera_proto::kv_tiers::{DeclaredTiers, KvTier, TierCost};
 use infera_proto::retention::Retention;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -58,6 +59,39 @@ pub struct KvdConfig {
     pub model: String,
     /// The KV layout the blocks are valid for.
     pub compat_key: String,
+}
+
+impl KvdConfig {
+    /// A simulated worker's connector to the kvd on `socket`, whose `tiers` below HBM
+    /// (host always) load at their measured costs, with the tiers its record declares at
+    /// the same costs.
+    pub fn measured(
+        socket: PathBuf,
+        tiers: &[KvTier],
+        profile: &LatencyProfile,
+        block_size: usize,
+        model: &str,
+    ) -> (Self, DeclaredTiers) {
+        let mut costs: Vec<(KvTier, TierCost)> = std::iter::once(KvTier::Host)
+            .chain(tiers.iter().copied())
+            .filter_map(|t| TierCost::measured(t).map(|c| (t, c)))
+            .collect();
+        costs.sort_by_key(|(t, _)| *t);
+        costs.dedup_by_key(|(t, _)| *t);
+        let declared = DeclaredTiers {
+            costs: costs.clone(),
+            kv_bytes_per_token: profile.kv_bytes_per_token,
+            prefill_ms_per_token: profile.prefill_c1_ms_per_token,
+        };
+        let config = Self {
+            socket,
+            tiers: costs,
+            payload_bytes: 4096,
+            model: model.to_owned(),
+            compat_key: format!("{}/bs{block_size}", profile.name),
+        };
+        (config, declared)
+    }
 }
 
 /// What the connector counts (read by the metrics endpoint).

@@ -12,7 +12,7 @@ use infera_gateway::config::GatewayConfig;
 use infera_gateway::server::{RunningGateway, start_embedded};
 use infera_kvd::cli::KvdArgs;
 use infera_prompt::PromptCodec;
-use infera_proto::kv_tiers::{DeclaredTiers, KvTier, TierCost};
+use infera_proto::kv_tiers::KvTier;
 use infera_proto::pd::PdProtocol;
 use infera_sim::core::CoreConfig;
 use infera_sim::engine::Timing;
@@ -201,23 +201,16 @@ impl Fleet {
                 });
                 wait_for_socket(&socket).await?;
                 kvds.push(stop);
-                let tiers = vec![(
-                    KvTier::Host,
-                    TierCost::measured(KvTier::Host).ok_or_else(|| anyhow!("host tier"))?,
-                )];
                 // The record declares what the connector loads from, at the same costs.
-                declared = Some(DeclaredTiers {
-                    costs: tiers.clone(),
-                    kv_bytes_per_token: cfg.core.profile.kv_bytes_per_token,
-                    prefill_ms_per_token: cfg.core.profile.prefill_c1_ms_per_token,
-                });
-                cfg.kvd = Some(KvdConfig {
+                let (kvd, tiers) = KvdConfig::measured(
                     socket,
-                    tiers,
-                    payload_bytes: 4096,
-                    model: MODEL.into(),
-                    compat_key: format!("{}/bs{BLOCK_TOKENS}", spec.profile),
-                });
+                    &[KvTier::Host],
+                    &cfg.core.profile,
+                    BLOCK_TOKENS,
+                    MODEL,
+                );
+                cfg.kvd = Some(kvd);
+                declared = Some(tiers);
             }
             let events = cfg.kv_events.as_ref().map(|e| e.endpoint.clone());
             let role = cfg.pd.clone();

@@ -16,7 +16,7 @@ use infera_operator::plan::{KvdPlan, Tokenizer};
 use infera_operator::render::gateway_flags::{GatewaySite, build_gateway_args};
 use infera_prompt::PromptCodec;
 use infera_proto::discovery::{LEASE_TTL, build_worker_key};
-use infera_proto::kv_tiers::{DeclaredTiers, KvTier, TierCost};
+use infera_proto::kv_tiers::KvTier;
 use infera_proto::pd::PdProtocol;
 use infera_proto::worker::{EngineKind, WorkerRecord};
 use infera_sim::kv_events::KvEventsEndpoint;
@@ -188,28 +188,13 @@ async fn start_sim_worker(
     let declared = match &d.plan.kvd {
         Some(kvd) => {
             let socket = start_kvd(kvd, &format!("{}-{}-{index}", d.name(), role.as_str())).await?;
-            let mut tiers = vec![(
-                KvTier::Host,
-                TierCost::measured(KvTier::Host).ok_or_else(|| anyhow!("host tier"))?,
-            )];
+            let mut tiers = vec![KvTier::Host];
             if kvd.remote_url.is_some() {
-                tiers.push((
-                    KvTier::Remote,
-                    TierCost::measured(KvTier::Remote).ok_or_else(|| anyhow!("remote tier"))?,
-                ));
+                tiers.push(KvTier::Remote);
             }
-            let declared = DeclaredTiers {
-                costs: tiers.clone(),
-                kv_bytes_per_token: cfg.core.profile.kv_bytes_per_token,
-                prefill_ms_per_token: cfg.core.profile.prefill_c1_ms_per_token,
-            };
-            cfg.kvd = Some(KvdConfig {
-                socket,
-                tiers,
-                payload_bytes: 4096,
-                model: d.model().to_owned(),
-                compat_key: format!("{}/bs{block_size}", cfg.core.profile.name),
-            });
+            let (config, declared) =
+                KvdConfig::measured(socket, &tiers, &cfg.core.profile, block_size, d.model());
+            cfg.kvd = Some(config);
             Some(declared)
         }
         None => None,

@@ -9,7 +9,7 @@
 
 use crate::route::kv_state::KvRouter;
 use crate::route::tokenizer::{
-    FetchTokenizerError, TokenizerState, TokenizerStatus, get_bytes_with,
+    FetchTokenizerError, TokenizerState, TokenizerStatus, fetch_client, get_bytes_with,
 };
 use infera_prompt::PromptCodec;
 use infera_proto::tokenizer::{CHAT_TEMPLATE_DIR, chat_template_name, compute_directory_digest};
@@ -109,19 +109,9 @@ pub(crate) async fn run_hub_fetch(
     repo: String,
     mut stop: watch::Receiver<bool>,
 ) {
-    let client = match reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(10))
-        .timeout(Duration::from_secs(120))
-        .build()
-    {
-        Ok(c) => c,
-        Err(e) => {
-            status.store(Arc::new(TokenizerState::Failed {
-                worker: String::new(),
-                error: format!("building an HTTP client: {e}"),
-            }));
-            return;
-        }
+    let Some(client) = fetch_client(&status, Duration::from_secs(10), Duration::from_secs(120))
+    else {
+        return;
     };
     let mut backoff = Duration::from_secs(1);
     loop {

@@ -352,6 +352,29 @@ pub(crate) fn superseded(workers: &[&WorkerRecord], digest: &str) -> bool {
     !stated.is_empty() && !stated.contains(&digest)
 }
 
+/// The HTTP client of a tokenizer fetch; `None`, with the failure in `status`, when
+/// none can be built.
+pub(crate) fn fetch_client(
+    status: &TokenizerStatus,
+    connect: Duration,
+    total: Duration,
+) -> Option<reqwest::Client> {
+    match reqwest::Client::builder()
+        .connect_timeout(connect)
+        .timeout(total)
+        .build()
+    {
+        Ok(c) => Some(c),
+        Err(e) => {
+            status.store(Arc::new(TokenizerState::Failed {
+                worker: String::new(),
+                error: format!("building an HTTP client: {e}"),
+            }));
+            None
+        }
+    }
+}
+
 /// How often a loaded tokenizer is compared with the workers' records.
 const RECHECK: Duration = Duration::from_secs(30);
 
@@ -365,19 +388,9 @@ pub(crate) async fn run_tokenizer_fetch(
     sidecar_port: u16,
     mut stop: watch::Receiver<bool>,
 ) {
-    let client = match reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(3))
-        .timeout(Duration::from_secs(60))
-        .build()
-    {
-        Ok(c) => c,
-        Err(e) => {
-            status.store(Arc::new(TokenizerState::Failed {
-                worker: String::new(),
-                error: format!("building an HTTP client: {e}"),
-            }));
-            return;
-        }
+    let Some(client) = fetch_client(&status, Duration::from_secs(3), Duration::from_secs(60))
+    else {
+        return;
     };
     let mut backoff = Duration::from_secs(1);
     loop {
