@@ -1,6 +1,7 @@
 //! Kubernetes discovery: the worker record in the engine Pod's
 //! `infera.amd.com/worker-info` annotation instead of etcd. The annotation is written once
-//! the engine is healthy, re-asserted periodically (someone may strip it), and removed on
+//! the engine is healthy, written again when the record changes, re-asserted periodically
+//! (someone may strip it), and removed on
 //! shutdown before the drain; a Pod being deleted leaves routing through its
 //! `deletionTimestamp` anyway.
 
@@ -34,7 +35,7 @@ async fn set(api: &Api<Pod>, name: &str, value: serde_json::Value) -> Result<(),
 /// Keeps the annotation on the Pod until `stop`, then removes it.
 pub async fn run_annotation(
     target: PodTarget,
-    record_json: String,
+    mut record_json: watch::Receiver<String>,
     state: watch::Sender<RegistrationState>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -48,8 +49,11 @@ pub async fn run_annotation(
         }
     };
     let api: Api<Pod> = Api::namespaced(client, &target.namespace);
+    // Once every sender is gone the record cannot change: only the re-assertion remains.
+    let mut changes = true;
     loop {
-        match set(&api, &target.name, json!(record_json)).await {
+        let value = record_json.borrow_and_update().clone();
+        match set(&api, &target.name, json!(value)).await {
             Ok(()) => {
                 if !state.borrow().registered {
                     tracing::info!(
@@ -76,6 +80,7 @@ pub async fn run_annotation(
         };
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
+            changed = record_json.changed(), if changes => changes = changed.is_ok(),
             _ = stop.wait_for(|s| *s) => break,
         }
     }

@@ -127,7 +127,8 @@ pub const USAGE: &str = "Infera flags (each also as the environment variable in 
                               [INFERA_KVD_SOCKET] (none: /kvd/prefetch answers 503)
   --kv-tiers host[,disk][,remote]   the tiers below HBM the engine's KV connector loads from
                               (kvd's RAM, NVMe and shared tiers), declared in the record's
-                              `kv.tiers` for kv-aware routers to score [INFERA_KV_TIERS] (none)
+                              `kv.tiers` for kv-aware routers to score, while kvd answers
+                              on --kvd-socket when one is given [INFERA_KV_TIERS] (none)
   --kv-tier-cost TIER=RTT_MS:GBYTES_PER_S[,...]   a declared tier's load cost instead of the
                               measured default (host=0.1:54.8, disk=1:0.439, remote=0.37:0.338)
                               [INFERA_KV_TIER_COST]

@@ -22,6 +22,7 @@ pub mod disagg;
 pub mod engine;
 pub mod engine_args;
 pub mod gid;
+pub mod kvd_watch;
 pub mod node_env;
 pub mod prefetch;
 pub mod record;

@@ -9,6 +9,7 @@ use infera_engine_sidecar::cli::{CliError, SidecarArgs, USAGE, parse_args};
 use infera_engine_sidecar::disagg::{DisaggRole, detect_role, preflight};
 use infera_engine_sidecar::engine::EngineProcess;
 use infera_engine_sidecar::engine_args::read_engine_facts;
+use infera_engine_sidecar::kvd_watch;
 use infera_engine_sidecar::node_env::{self, NodeEnvArgs, run_node_env};
 use infera_engine_sidecar::prefetch::build_prefetch_router;
 use infera_engine_sidecar::record::build_record;
@@ -409,9 +410,6 @@ async fn run() -> i32 {
     if let Some(revision) = &args.revision {
         record.set_revision(revision);
     }
-    if args.kv_tiers.any() {
-        args.kv_tiers.declare_on(&mut record);
-    }
     // Serving the subject before registering: a gateway that sees the record can send.
     let plane = match &args.request_plane {
         Some(settings) => {
@@ -442,6 +440,23 @@ async fn run() -> i32 {
         &args.engine_args,
         std::env::var("LWS_WORKER_INDEX").ok().as_deref(),
     );
+    // The tiers below the engine, declared while the kvd beside it answers.
+    let bare = record.to_json();
+    if args.kv_tiers.any() {
+        args.kv_tiers.declare_on(&mut record);
+    }
+    let (record_tx, record_rx) = watch::channel(record.to_json());
+    if let Some(socket) = args.kvd_socket.clone().filter(|_| args.kv_tiers.any()) {
+        tokio::spawn(kvd_watch::watch_kvd(
+            socket,
+            kvd_watch::TieredRecord {
+                with_tiers: record.to_json(),
+                without_tiers: bare,
+            },
+            record_tx,
+            stop_rx.clone(),
+        ));
+    }
     let (state, mut state_rx) = watch::channel(RegistrationState::default());
     if rank != 0 {
         tracing::info!("node rank {rank}: only rank 0 of a multi-node worker registers");
@@ -452,7 +467,7 @@ async fn run() -> i32 {
         Registration {
             endpoints: args.etcd_endpoints.clone(),
             key: build_worker_key(&args.etcd_prefix, &record.worker_id),
-            value: record.to_json(),
+            value: record_rx,
             ttl: args.lease_ttl,
             security: args.etcd_security.clone(),
         },

@@ -50,8 +50,9 @@ pub struct Registration {
     pub endpoints: Vec<String>,
     /// Key.
     pub key: String,
-    /// Record JSON.
-    pub value: String,
+    /// Record JSON, put again under the same lease whenever it changes (the tiers a
+    /// worker declares come and go with its kvd).
+    pub value: watch::Receiver<String>,
     /// Lease TTL.
     pub ttl: Duration,
     /// TLS and auth of the etcd connection.
@@ -109,6 +110,7 @@ async fn keep_registered(
     current: &Mutex<Option<i64>>,
 ) -> Result<(), RegisterError> {
     let mut client = connect(reg).await?;
+    let mut record = reg.value.clone();
     let ttl_secs = reg.ttl.as_secs().max(1) as i64;
     let lease = client
         .lease_grant(ttl_secs, None)
@@ -118,10 +120,11 @@ async fn keep_registered(
     if let Ok(mut l) = current.lock() {
         *l = Some(lease);
     }
+    let value = record.borrow_and_update().clone();
     client
         .put(
             reg.key.as_str(),
-            reg.value.as_str(),
+            value,
             Some(PutOptions::new().with_lease(lease)),
         )
         .await
@@ -139,14 +142,31 @@ async fn keep_registered(
         .await
         .map_err(call("keepalive"))?;
     let interval = reg.ttl / 3;
+    // Once every sender is gone the record cannot change: only the keepalive remains.
+    let mut changes = true;
     loop {
-        tokio::time::sleep(interval).await;
-        keeper.keep_alive().await.map_err(call("keepalive"))?;
-        match responses.message().await.map_err(call("keepalive"))? {
-            Some(resp) if resp.ttl() > 0 => {}
-            _ => {
-                tracing::warn!("lease {lease:x} of {} is gone; registering again", reg.key);
-                return Ok(());
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {
+                keeper.keep_alive().await.map_err(call("keepalive"))?;
+                match responses.message().await.map_err(call("keepalive"))? {
+                    Some(resp) if resp.ttl() > 0 => {}
+                    _ => {
+                        tracing::warn!("lease {lease:x} of {} is gone; registering again", reg.key);
+                        return Ok(());
+                    }
+                }
+            }
+            changed = record.changed(), if changes => {
+                if changed.is_err() {
+                    changes = false;
+                    continue;
+                }
+                let value = record.borrow_and_update().clone();
+                client
+                    .put(reg.key.as_str(), value, Some(PutOptions::new().with_lease(lease)))
+                    .await
+                    .map_err(call("put"))?;
+                tracing::info!("updated the record of {}", reg.key);
             }
         }
     }

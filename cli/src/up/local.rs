@@ -423,7 +423,8 @@ pub async fn start(plan: &LocalPlan, host: &str, discovery: Discovery) -> Result
                         let reg = Registration {
                             endpoints: vec![url.clone()],
                             key: build_worker_key(&run_prefix(), &record.worker_id),
-                            value: record.to_json(),
+                            // A record that never changes: the sender goes at once.
+                            value: watch::channel(record.to_json()).1,
                             ttl: LEASE_TTL,
                             security: Default::default(),
                         };
