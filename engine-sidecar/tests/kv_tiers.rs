@@ -6,10 +6,9 @@
 
 mod common;
 
-use common::{SIDECAR, args_of, sim_binary, unique_prefix, wait_key};
-use infera_proto::discovery::build_worker_key;
+use common::{args_of, launch_with, unique_prefix, wait_key};
 use infera_proto::kv_tiers::{DeclaredTiers, KvTier};
-use infera_testkit::process::{ServerProcess, free_port, workspace_binary};
+use infera_testkit::process::{ServerProcess, workspace_binary};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -71,36 +70,22 @@ async fn declared_tiers_leave_the_record_with_kvd_and_come_back_with_it() {
     let socket = dir.path().join("kvd.sock");
     let mut kvd = start_kvd(dir.path(), &socket);
     let etcd = infera_testkit::etcd_endpoint().await.unwrap();
-    let prefix = unique_prefix("kv-tiers");
-    let port = free_port().unwrap();
-    let args = args_of(&[
-        "sim",
-        "--etcd-endpoint",
-        &etcd,
-        "--etcd-prefix",
-        &prefix,
-        "--sim-binary",
-        sim_binary().to_str().unwrap(),
-        "--served-model-name",
-        "fixture-model",
-        "--port",
-        &port.to_string(),
+    let flags = args_of(&[
         "--kvd-socket",
         socket.to_str().unwrap(),
         "--kv-tiers",
         "host,remote",
     ]);
-    let mut sidecar =
-        ServerProcess::start(Path::new(SIDECAR), &args, &dir.path().join("sidecar.log")).unwrap();
-    let key = build_worker_key(&prefix, &format!("127.0.0.1:{port}"));
+    let mut launched = launch_with(&etcd, &unique_prefix("kv-tiers"), "10", &flags).await;
+    let (key, sidecar) = (launched.key.clone(), &mut launched.sidecar);
     let all = [KvTier::Host, KvTier::Remote];
-    tiers_until(&key, &mut sidecar, "kvd up", |t| t == all).await;
+    tiers_until(&key, sidecar, "kvd up", |t| t == all).await;
 
     kvd.kill();
-    tiers_until(&key, &mut sidecar, "kvd killed", <[KvTier]>::is_empty).await;
+    tiers_until(&key, sidecar, "kvd killed", <[KvTier]>::is_empty).await;
 
     let _kvd = start_kvd(dir.path(), &socket);
-    tiers_until(&key, &mut sidecar, "kvd back", |t| t == all).await;
+    tiers_until(&key, sidecar, "kvd back", |t| t == all).await;
     // The same lease throughout: the record was updated, never withdrawn.
     let mut etcd = infera_testkit::etcd_client().await.unwrap();
     let got = etcd.get(key.as_str(), None).await.unwrap();
