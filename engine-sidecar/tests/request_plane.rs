@@ -386,13 +386,8 @@ async fn migrated_stream_reads_as_unfaulted(nats_transport: bool, fault: Fault) 
     } else {
         Vec::new()
     };
-    let speed = if fault == Fault::EngineExits {
-        "20"
-    } else {
-        "1"
-    };
     // Records under a 10-minute lease: a vanished worker is noticed by other means.
-    let (prefix, mut workers) = fleet_leased("plane-migrate", 2, speed, "600", &flags).await;
+    let (prefix, mut workers) = fleet_leased("plane-migrate", 2, "1", "600", &flags).await;
     let gw = nats_gateway(&prefix, &["--migration-limit", "2"], 2).await;
     let (tokens, at) = if fault == Fault::EngineExits {
         (30, 20)
@@ -411,11 +406,6 @@ async fn migrated_stream_reads_as_unfaulted(nats_transport: bool, fault: Fault) 
         "{unfaulted}"
     );
 
-    if fault == Fault::EngineExits {
-        for w in &workers {
-            set_faults(w.port, json!({"exit_after_tokens": at})).await;
-        }
-    }
     let r = reqwest::Client::new()
         .post(format!("http://{}/v1/chat/completions", gw.addr))
         .json(&body)
@@ -425,6 +415,13 @@ async fn migrated_stream_reads_as_unfaulted(nats_transport: bool, fault: Fault) 
     assert_eq!(r.status(), 200);
     let pids: Vec<u32> = workers.iter().map(|w| w.sidecar.pid()).collect();
     let ports: Vec<u16> = workers.iter().map(|w| w.port).collect();
+    if fault == Fault::EngineExits {
+        // Armed on the engine running the stream alone, once it runs: a move made for
+        // another reason first (a health check late on a loaded machine) must not land
+        // on an engine set to exit too, with nowhere left to go.
+        let i = serving(&ports).await;
+        set_faults(ports[i], json!({"exit_after_tokens": at})).await;
+    }
     let (body_text, stall) = read_stream(r, at, || {
         let (pids, ports) = (pids.clone(), ports.clone());
         Box::pin(async move {
