@@ -114,6 +114,17 @@ async fn step(cluster: &Cluster, ns: &str, name: &str, hpa: &str, load: Load) ->
     (report, most.get())
 }
 
+/// Whether the HPA `h` is active and has read its first metric of type `source`
+/// (`resource`, `external`).
+fn hpa_reads(h: &Value, source: &str) -> bool {
+    let active = h["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "ScalingActive" && c["status"] == "True");
+    active && h["status"]["currentMetrics"][0][source]["current"].is_object()
+}
+
 #[tokio::test]
 async fn an_hpa_on_the_engines_cpu_scales_out_and_back_in() {
     let cluster = Cluster::connect().await.unwrap();
@@ -133,12 +144,7 @@ async fn an_hpa_on_the_engines_cpu_scales_out_and_back_in() {
             .get_json(&["get", "hpa", name, "-n", ns])
             .await
             .map_err(|e| e.to_string())?;
-        let active = h["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "ScalingActive" && c["status"] == "True");
-        if active && h["status"]["currentMetrics"][0]["resource"]["current"].is_object() {
+        if hpa_reads(&h, "resource") {
             Ok(())
         } else {
             Err(format!("{}", h["status"]))
@@ -199,12 +205,7 @@ async fn a_keda_scaled_object_on_the_gateways_requests_scales_out_and_back_in() 
                 .get_json(&["get", "hpa", &hpa, "-n", ns])
                 .await
                 .map_err(|e| e.to_string())?;
-            let active = h["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "ScalingActive" && c["status"] == "True");
-            if active && h["status"]["currentMetrics"][0]["external"]["current"].is_object() {
+            if hpa_reads(&h, "external") {
                 Ok(())
             } else {
                 Err(format!(

@@ -10,7 +10,6 @@ use infera_gateway::Gateway;
 use infera_gateway::Registry;
 use infera_gateway::config::GatewayConfig;
 use infera_gateway::server::{RunningGateway, start_embedded};
-use infera_kvd::cli::KvdArgs;
 use infera_prompt::PromptCodec;
 use infera_proto::kv_tiers::KvTier;
 use infera_proto::pd::PdProtocol;
@@ -22,24 +21,12 @@ use infera_sim::kvd_connector::KvdConfig;
 use infera_sim::pd::PdLeg;
 use infera_sim::profile::LatencyProfile;
 use infera_sim::worker::{RunningWorker, WorkerConfig, build_generator, start_worker};
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::runtime::Runtime;
 
 /// Waits until a kvd listens on `socket`.
-async fn wait_for_socket(socket: &Path) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::os::unix::net::UnixStream::connect(socket).is_err() {
-        if Instant::now() >= deadline {
-            anyhow::bail!("kvd did not listen on {} within 10 s", socket.display());
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Ok(())
-}
-
 /// Model name every bench worker serves.
 pub const MODEL: &str = "bench-model";
 
@@ -180,26 +167,17 @@ impl Fleet {
             if let (true, Some(dir)) = (spec.kvd, &kvd_dir) {
                 let socket = dir.path().join(format!("kvd-{i}.sock"));
                 let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-                let args = KvdArgs::try_parse_from([
-                    "infera-kvd",
-                    "--socket",
-                    &socket.display().to_string(),
-                    "--max-bytes",
-                    &KVD_BYTES.to_string(),
-                    "--metrics-addr",
-                    "",
-                ])
-                .map_err(|e| anyhow!("kvd flags: {e}"))?;
-                sim_rt.spawn(async move {
-                    if let Err(e) = infera_kvd::service::run(args, async move {
+                crate::up::local::run_kvd_in_process(
+                    sim_rt.handle(),
+                    &socket,
+                    KVD_BYTES,
+                    None,
+                    async move {
                         let _ = stopped.await;
-                    })
-                    .await
-                    {
-                        tracing::error!("bench kvd: {e:#}");
-                    }
-                });
-                wait_for_socket(&socket).await?;
+                    },
+                    &format!("bench worker {i}"),
+                )
+                .await?;
                 kvds.push(stop);
                 // The record declares what the connector loads from, at the same costs.
                 let (kvd, tiers) = KvdConfig::measured(

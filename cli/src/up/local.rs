@@ -223,35 +223,58 @@ async fn start_kvd(kvd: &KvdPlan, name: &str) -> Result<std::path::PathBuf> {
     let dir = std::env::temp_dir().join(format!("infera-up-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let socket = dir.join(format!("kvd-{name}.sock"));
+    run_kvd_in_process(
+        &tokio::runtime::Handle::current(),
+        &socket,
+        kvd.ram_bytes,
+        kvd.remote_url.as_deref(),
+        std::future::pending(),
+        name,
+    )
+    .await?;
+    tracing::info!(worker = name, socket = %socket.display(), ram_bytes = kvd.ram_bytes, "kvd beside the worker");
+    Ok(socket)
+}
+
+/// kvd on `socket` with `ram_bytes` of RAM (and the shared tier at `remote_url`), run from
+/// its library on `runtime` until `stop` resolves; returns once it listens. `name` says
+/// whose it is in errors.
+pub(crate) async fn run_kvd_in_process(
+    runtime: &tokio::runtime::Handle,
+    socket: &std::path::Path,
+    ram_bytes: u64,
+    remote_url: Option<&str>,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+    name: &str,
+) -> Result<()> {
     let mut argv = vec![
         "infera-kvd".to_owned(),
         "--socket".into(),
         socket.display().to_string(),
         "--max-bytes".into(),
-        kvd.ram_bytes.to_string(),
+        ram_bytes.to_string(),
         "--metrics-addr".into(),
         String::new(),
     ];
-    if let Some(url) = &kvd.remote_url {
-        argv.extend(["--remote-url".into(), url.clone()]);
+    if let Some(url) = remote_url {
+        argv.extend(["--remote-url".into(), url.to_owned()]);
     }
     let args = <infera_kvd::cli::KvdArgs as clap::Parser>::try_parse_from(argv)
         .map_err(|e| anyhow!("kvd for {name}: {e}"))?;
     let owner = name.to_owned();
-    tokio::spawn(async move {
-        if let Err(e) = infera_kvd::service::run(args, std::future::pending()).await {
+    runtime.spawn(async move {
+        if let Err(e) = infera_kvd::service::run(args, stop).await {
             tracing::error!("kvd for {owner}: {e:#}");
         }
     });
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+    while std::os::unix::net::UnixStream::connect(socket).is_err() {
         if std::time::Instant::now() >= deadline {
             anyhow::bail!("kvd for {name} did not listen on {}", socket.display());
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    tracing::info!(worker = name, socket = %socket.display(), ram_bytes = kvd.ram_bytes, "kvd beside the worker");
-    Ok(socket)
+    Ok(())
 }
 
 /// The sidecar binary: beside this one, else on PATH.
