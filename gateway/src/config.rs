@@ -481,6 +481,10 @@ pub struct GatewayConfig {
     #[arg(long, env = "INFERA_EPP_MAX_INFLIGHT_PER_WORKER", default_value_t = 0)]
     pub epp_max_inflight_per_worker: u64,
 
+    /// Flow control.
+    #[command(flatten)]
+    pub flow: crate::flow::config::FlowArgs,
+
     /// Requests served at once (from arrival to the last byte of the answer, streams
     /// included); more are refused at once with 429 and `Retry-After`. 0: no limit.
     #[arg(long, env = "INFERA_MAX_CONCURRENT_REQUESTS", default_value_t = 1024)]

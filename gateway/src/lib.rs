@@ -37,6 +37,7 @@
 pub mod config;
 mod control;
 mod epp;
+mod flow;
 mod http;
 mod metrics;
 mod offload;

@@ -114,6 +114,25 @@ struct ProtocolOutcome {
     outcome: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabels {
+    class: &'static str,
+    model: String,
+    role: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClassOutcome {
+    class: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClassReason {
+    class: &'static str,
+    reason: &'static str,
+}
+
 /// A label set of one static label (`reason`, `kind`, `outcome`, `retention`, `to`).
 type One = [(&'static str, &'static str); 1];
 
@@ -182,6 +201,9 @@ pub(crate) struct Metrics {
     pd_requests: Family<ProtocolOutcome, Counter>,
     pd_decode_retries: Counter,
     admission_refused: Counter,
+    flow_queued: Family<QueueLabels, Gauge>,
+    flow_waits: Histograms<ClassOutcome>,
+    flow_shed: Family<ClassReason, Counter>,
     health_changes: Family<One, Counter>,
     epp_exchanges: Family<One, Counter>,
     /// Client connections open now (the HTTP server counts them).
@@ -212,6 +234,9 @@ impl Default for Metrics {
             pd_requests: Family::default(),
             pd_decode_retries: Counter::default(),
             admission_refused: Counter::default(),
+            flow_queued: Family::default(),
+            flow_waits: Family::new_with_constructor(latency_histogram),
+            flow_shed: Family::default(),
             health_changes: Family::default(),
             epp_exchanges: Family::default(),
             connections_open: Arc::default(),
@@ -295,6 +320,24 @@ impl Metrics {
             "infera_gateway_admission_refused_total",
             "Requests refused with 429 at --max-concurrent-requests.",
             self.admission_refused.clone(),
+        );
+        register(
+            r,
+            "infera_flow_queued_requests",
+            "Requests waiting in the gateway for a worker with room, by model, role (the pool without room: mixed, prefill or decode) and class.",
+            self.flow_queued.clone(),
+        );
+        register(
+            r,
+            "infera_flow_wait_seconds",
+            "How long requests waited in the gateway, by class and outcome (sent, or shed: answered 429 or 503).",
+            self.flow_waits.clone(),
+        );
+        register_counter(
+            r,
+            "infera_flow_shed_total",
+            "Requests answered 429 or 503 by flow control before any worker started them, by class and reason (deadline, queue_full, displaced, body_budget, no_worker).",
+            self.flow_shed.clone(),
         );
         register_counter(
             r,
@@ -448,6 +491,41 @@ impl Metrics {
     /// A request refused by admission control (429).
     pub(crate) fn record_admission_refused(&self) {
         self.admission_refused.inc();
+    }
+
+    /// Requests of `model` waiting for a worker of `role` in `class`.
+    pub(crate) fn set_flow_queued(
+        &self,
+        model: &str,
+        role: &'static str,
+        class: &'static str,
+        n: usize,
+    ) {
+        let labels = QueueLabels {
+            class,
+            model: model.to_owned(),
+            role,
+        };
+        self.flow_queued.get_or_create(&labels).set(n as i64);
+    }
+
+    /// A request left the gateway's queue after `waited` seconds: sent, or shed for
+    /// `reason`.
+    pub(crate) fn record_flow_wait(
+        &self,
+        class: &'static str,
+        waited: f64,
+        shed: Option<&'static str>,
+    ) {
+        let outcome = if shed.is_some() { "shed" } else { "sent" };
+        self.flow_waits
+            .get_or_create(&ClassOutcome { class, outcome })
+            .observe(waited);
+        if let Some(reason) = shed {
+            self.flow_shed
+                .get_or_create(&ClassReason { class, reason })
+                .inc();
+        }
     }
 
     /// A discovery event (`put`, `delete`, `resync`, `watch_error`).

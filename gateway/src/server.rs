@@ -5,6 +5,8 @@
 
 use crate::config::{ConfigError, DiscoveryBackend, KvEventTransport, RequestTransportArg};
 use crate::epp::serve::{EppAddrs, start_epp};
+use crate::flow::engine_load::run_engine_reads;
+use crate::flow::gate::run_wakeups;
 use crate::http::build_router;
 use crate::http::listener::{ServeOptions, serve};
 use crate::http::reload::{RELOAD_INTERVAL, reload_every};
@@ -219,6 +221,22 @@ async fn finish_start(
         failures: cfg.health_check_failures,
     };
     tasks.spawn(run_health_checks(checks, stop_rx.clone()));
+    if let Some(flow) = &gateway.flow {
+        tasks.spawn(run_wakeups(
+            flow.clone(),
+            gateway.registry.clone(),
+            stop_rx.clone(),
+        ));
+        if let Some(interval) = flow.args().engine_scrape() {
+            tasks.spawn(run_engine_reads(
+                gateway.registry.clone(),
+                gateway.inflight.clone(),
+                gateway.client.clone(),
+                interval,
+                stop_rx.clone(),
+            ));
+        }
+    }
     if let (Some(repo), Some(kv)) = (
         cfg.router_tokenizer_path.as_deref().and_then(hub_repo_id),
         &gateway.kv,

@@ -3,6 +3,7 @@
 use crate::config::{ConfigError, GatewayConfig};
 use crate::control::profile::build_profile_client;
 use crate::control::scale::Scaler;
+use crate::flow::gate::FlowControl;
 use crate::metrics::{Metrics, WorkerGauges};
 use crate::route::hub::hub_repo_id;
 use crate::route::kv_state::KvRouter;
@@ -51,6 +52,8 @@ pub struct Gateway {
     /// Shutting down: still serving, but not ready, and closing connections after each
     /// response (see `--shutdown-delay-s`).
     pub(crate) draining: AtomicBool,
+    /// Flow control (`--flow-control`).
+    pub(crate) flow: Option<Arc<FlowControl>>,
     /// Admission: one permit per request being served (`None`: no limit).
     pub(crate) admission: Option<Arc<Semaphore>>,
     /// Where kv-aware routing's tokenizer stands (`GET /infera/tokenizer`).
@@ -207,6 +210,13 @@ impl Gateway {
                 }
             });
         }
+        let flow = cfg.flow.flow_control.then(|| {
+            Arc::new(FlowControl::new(
+                cfg.flow.clone(),
+                inflight.clone(),
+                metrics.clone(),
+            ))
+        });
         Ok(Arc::new(Self {
             routing: Routing::new(
                 cfg.policy(),
@@ -235,6 +245,7 @@ impl Gateway {
             api_keys,
             inflight,
             draining: AtomicBool::new(false),
+            flow,
             admission,
             tokenizer: Arc::new(TokenizerStatus::from_pointee(tokenizer)),
             profile_client,

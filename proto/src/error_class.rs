@@ -137,6 +137,9 @@ pub struct ApiError {
     pub param: Option<String>,
     /// A machine-readable code; the class default when `None`.
     pub code: Option<String>,
+    /// Seconds a client should wait before retrying (the `Retry-After` header of a 429
+    /// or 503); `None`: one second.
+    pub retry_after_s: Option<u64>,
 }
 
 impl ApiError {
@@ -147,7 +150,14 @@ impl ApiError {
             message: message.into(),
             param: None,
             code: None,
+            retry_after_s: None,
         }
+    }
+
+    /// Sets the seconds a client should wait before retrying.
+    pub fn with_retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after_s = Some(seconds.max(1));
+        self
     }
 
     /// Names the request parameter at fault.

@@ -26,6 +26,7 @@ pub mod kv_events;
 pub mod kv_stream;
 pub mod kv_tiers;
 pub mod pd;
+pub mod prom_text;
 pub mod request_plane;
 pub mod retention;
 pub mod sidecar;

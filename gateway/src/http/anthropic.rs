@@ -42,7 +42,7 @@ async fn anthropic_messages(
 ) -> Response {
     let started = Instant::now();
     let prepared = async {
-        let bytes = read_body(&gw, &headers, body).await?;
+        let (bytes, budget) = read_body(&gw, &headers, body).await?;
         let (original, chat) = off_workers(bytes.len(), || {
             let original: Value = serde_json::from_slice(&bytes).map_err(|e| {
                 ApiError::new(
@@ -57,10 +57,11 @@ async fn anthropic_messages(
         let empty = Map::new();
         let object = original.as_object().unwrap_or(&empty);
         let input = route_input(&gw, object, bytes.len())?;
-        Ok::<_, ApiError>((chat, input))
+        Ok::<_, ApiError>((chat, input, budget))
     }
     .await;
-    let (chat, input) = match prepared {
+    // The body budget's bytes are held until the request is sent (or answered).
+    let (chat, input, _budget) = match prepared {
         Ok(p) => p,
         Err(e) => {
             reject(&gw, Outcome::ClientError, started);

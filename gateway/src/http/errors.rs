@@ -79,8 +79,10 @@ pub(crate) fn error_response(err: &ApiError, shape: Shape, request_id: &str) -> 
         err.class,
         ErrorClass::RateLimited | ErrorClass::ServiceUnavailable
     ) {
-        resp.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        resp.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(err.retry_after_s.unwrap_or(1)),
+        );
     }
     resp
 }

@@ -50,17 +50,18 @@ async fn openai(
 ) -> Response {
     let started = Instant::now();
     let prepared = async {
-        let bytes = read_body(&gw, &headers, body).await?;
+        let (bytes, budget) = read_body(&gw, &headers, body).await?;
         let model = default_model(&gw);
         let (body, info) = off_workers(bytes.len(), || {
             validate_request(kind, &bytes, model.as_deref())
         })?;
         let input = route_input(&gw, &body, bytes.len())?;
         drop(bytes);
-        Ok::<_, ApiError>((body, info, input))
+        Ok::<_, ApiError>((body, info, input, budget))
     }
     .await;
-    let (body, info, input) = match prepared {
+    // The body budget's bytes are held until the request is sent (or answered).
+    let (body, info, input, _budget) = match prepared {
         Ok(p) => p,
         Err(e) => {
             reject(&gw, Outcome::ClientError, started);

@@ -4,11 +4,14 @@
 //! migration context that resends a moved generation's continuation.
 
 use crate::config::RouterMode;
+use crate::flow::class::asked;
+use crate::flow::gate::{FlowControl, Why};
+use crate::flow::room::with_room;
 use crate::http::Shared;
 use crate::http::errors::{request_id, with_request_id};
 use crate::metrics::Outcome;
 use crate::request::validate::ApiKind;
-use crate::route::plan::{PREFILL_PIN_HEADER, Pins, RouteError, WORKER_PIN_HEADER, plan};
+use crate::route::plan::{PREFILL_PIN_HEADER, Pins, Plan, RouteError, WORKER_PIN_HEADER, plan};
 use crate::route::select::RoutingInput;
 use crate::send::forward::{forward, send_planned};
 use crate::send::guard::{Forwarded, RequestGuard, Sent};
@@ -16,6 +19,7 @@ use crate::send::migration::{Continuation, MigrationState};
 use crate::send::relay::{Migration, relay_body};
 use crate::send::upstream::{Outbound, Upstream};
 use crate::state::Gateway;
+use crate::workers::registry::Target;
 use axum::body::Body;
 use axum::http::{HeaderMap, header};
 use axum::response::Response;
@@ -226,7 +230,7 @@ fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
 }
 
 /// Plans the request on the registry's snapshot (direct mode honours the pins), then
-/// sends it down the forward path.
+/// sends it down the forward path; with flow control, through its gate first.
 pub(crate) async fn route_and_forward(
     gw: &Gateway,
     headers: &HeaderMap,
@@ -244,15 +248,32 @@ pub(crate) async fn route_and_forward(
     } else {
         Pins::default()
     };
+    if let Some(flow) = &gw.flow {
+        return through_gate(gw, flow, headers, model, pins, hint, request, started).await;
+    }
     let snapshot = gw.registry.snapshot();
+    let plan = plan(&snapshot, model, pins).map_err(|e: RouteError| {
+        reject(gw, Outcome::NoWorker, started);
+        e.to_api_error()
+    })?;
+    send_plan(gw, &plan, hint, request, started).await
+}
+
+/// Routes within `plan` and sends.
+async fn send_plan(
+    gw: &Gateway,
+    plan: &Plan<'_>,
+    hint: Option<Retention>,
+    request: &Outbound<'_>,
+    started: Instant,
+) -> Result<Forwarded, ApiError> {
     let route = if spans_exported() {
         tracing::info_span!("route")
     } else {
         tracing::Span::none()
     };
-    let planned = route.in_scope(|| {
-        let plan = plan(&snapshot, model, pins)?;
-        let routing = gw.routing.for_request(
+    let routing = route.in_scope(|| {
+        gw.routing.for_request(
             RoutingInput {
                 kind: request.kind,
                 body: request.body,
@@ -260,12 +281,79 @@ pub(crate) async fn route_and_forward(
                 hint,
             },
             plan.targets(),
-        );
-        Ok((plan, routing))
+        )
     });
-    let (plan, routing) = planned.map_err(|e: RouteError| {
-        reject(gw, Outcome::NoWorker, started);
-        e.to_api_error()
+    forward(&gw.upstream, plan, &routing, request, started).await
+}
+
+/// Whether a request routing refused may wait for a worker: its model's workers, or
+/// one of its pools, are gone for now (or none registered yet), and which pool.
+fn waits_for(e: &RouteError) -> Option<&'static str> {
+    match e {
+        RouteError::NoWorkerNow { .. } => Some("mixed"),
+        RouteError::UnknownModel { available, .. } if available.is_empty() => Some("mixed"),
+        RouteError::MissingPool { missing, .. } => Some(missing),
+        _ => None,
+    }
+}
+
+/// Flow control's passage: the request goes once its plan has a worker with room and
+/// no request of its model waits ahead of it; until then it waits in the gate.
+#[allow(clippy::too_many_arguments)]
+async fn through_gate(
+    gw: &Gateway,
+    flow: &FlowControl,
+    headers: &HeaderMap,
+    model: &str,
+    pins: Pins<'_>,
+    hint: Option<Retention>,
+    request: &Outbound<'_>,
+    started: Instant,
+) -> Result<Forwarded, ApiError> {
+    let asked = asked(headers, flow.args().default_class()).inspect_err(|_| {
+        reject(gw, Outcome::ClientError, started);
     })?;
-    forward(&gw.upstream, &plan, &routing, request, started).await
+    let mut ticket = flow.ticket(model, asked, request.body_bytes, started);
+    loop {
+        let snapshot = gw.registry.snapshot();
+        let why = match plan(&snapshot, model, pins) {
+            Ok(plan) => {
+                let now = Instant::now();
+                let room = |t: &Target| {
+                    let worker = &t.record.worker_id;
+                    flow.has_room(worker) && gw.breakers.is_available(worker, now)
+                };
+                match with_room(&plan, room) {
+                    Some(roomy) if ticket.may_go() => {
+                        drop(ticket);
+                        return send_plan(gw, &roomy, hint, request, started).await;
+                    }
+                    _ => Why::Full {
+                        role: match &plan {
+                            Plan::Mixed(_) => "mixed",
+                            Plan::Disagg(p, _) if !p.iter().any(room) => "prefill",
+                            Plan::Disagg(..) => "decode",
+                        },
+                        first_byte: flow
+                            .first_byte(plan.targets().map(|t| t.record.worker_id.as_str())),
+                    },
+                }
+            }
+            Err(e) => match waits_for(&e) {
+                Some(role) => Why::NoWorker {
+                    role,
+                    error: e.to_api_error(),
+                },
+                None => {
+                    reject(gw, Outcome::NoWorker, started);
+                    return Err(e.to_api_error());
+                }
+            },
+        };
+        drop(snapshot);
+        if let Err(e) = ticket.wait(&why).await {
+            reject(gw, Outcome::NoWorker, started);
+            return Err(e);
+        }
+    }
 }

@@ -14,6 +14,7 @@ use crate::send::upstream::{
     stall_error,
 };
 use crate::send::worker_response::WorkerResponse;
+use crate::workers::inflight::PendingHold;
 use crate::workers::registry::Target;
 use bytes::Bytes;
 use infera_proto::error_class::{ApiError, ErrorClass};
@@ -104,6 +105,12 @@ pub(crate) async fn send_with_failover(
         let worker = target.record.worker_id.clone();
         upstream.breakers.try_acquire(&worker, now);
         upstream.metrics.record_pick(selector.role(), &worker);
+        // A stream counts as waiting on the worker from the pick (the guard takes over
+        // at the headers); a JSON answer's first byte is its last, so the engine's own
+        // queue count stands for it.
+        let _pending = request
+            .stream
+            .then(|| PendingHold::new(&upstream.inflight, &worker));
         let body = off_workers(request.body_bytes, || body_for(&target, request));
         let span = send_span(selector.role(), &target, request.kind.path());
         let sent = async {

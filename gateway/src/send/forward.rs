@@ -81,6 +81,9 @@ async fn send_mixed(
     guard.kv_charges.extend(sent.charge);
     let worker = sent.target.record.worker_id.clone();
     guard.hold(&upstream.inflight, &worker);
+    if request.stream {
+        guard.hold_pending(&upstream.inflight, &worker);
+    }
     guard.span.record("worker", worker.as_str());
     if guard.served.worker.is_empty() {
         guard.served = ServedBy {
@@ -128,6 +131,9 @@ async fn send_disagg(
             upstream.metrics.record_pick(selector.role(), worker);
             guard.kv_charges.extend(selector.commit(target));
             guard.hold(&upstream.inflight, worker);
+            if request.stream {
+                guard.hold_pending(&upstream.inflight, worker);
+            }
         }
         let pair = PdPair {
             protocol,

@@ -31,6 +31,9 @@ pub(crate) struct RequestGuard {
     pub outcome: Outcome,
     /// Per-worker in-flight counters to release.
     pub inflight: Vec<(Arc<Inflight>, String)>,
+    /// Per-worker counts of requests before their first byte, released at it, with
+    /// when each began.
+    pub pending: Vec<(Arc<Inflight>, String, Instant)>,
     /// kv-aware in-flight blocks, released on drop.
     pub kv_charges: Vec<KvCharge>,
     /// The connector of a prefill/decode request.
@@ -57,6 +60,7 @@ impl RequestGuard {
             started,
             outcome: Outcome::Cancelled,
             inflight: Vec::new(),
+            pending: Vec::new(),
             kv_charges: Vec::new(),
             pd_protocol: None,
             served: ServedBy::default(),
@@ -77,8 +81,37 @@ impl RequestGuard {
         self.inflight.push((inflight.clone(), worker.to_owned()));
     }
 
+    /// Counts the request among `worker`'s requests before their first byte, until
+    /// [`RequestGuard::first_byte`] or the guard drops.
+    pub(crate) fn hold_pending(&mut self, inflight: &Arc<Inflight>, worker: &str) {
+        inflight.acquire_pending(worker);
+        self.pending
+            .push((inflight.clone(), worker.to_owned(), Instant::now()));
+    }
+
+    /// The answer's first byte arrived: the request no longer waits on its workers.
+    pub(crate) fn first_byte(&mut self) {
+        for (inflight, worker, since) in self.pending.drain(..) {
+            inflight.observe_first_byte(&worker, since.elapsed().as_secs_f64());
+            inflight.release_pending(&worker);
+        }
+    }
+
+    /// The request ended before a first byte: its workers no longer hold it.
+    fn release_pending(&mut self) {
+        for (inflight, worker, _) in self.pending.drain(..) {
+            inflight.release_pending(&worker);
+        }
+    }
+
     /// Stops counting the request in `worker`'s in-flight requests (it moved away).
     pub(crate) fn release(&mut self, worker: &str) {
+        self.pending.retain(|(inflight, w, _)| {
+            if w == worker {
+                inflight.release_pending(w);
+            }
+            w != worker
+        });
         self.inflight.retain(|(inflight, w)| {
             if w == worker {
                 inflight.release(w);
@@ -109,6 +142,7 @@ impl Drop for RequestGuard {
             self.span.record("otel.status_code", "ERROR");
         }
         tracing::debug!(target: SPAN_EVENTS, parent: &self.span, outcome, "completion");
+        self.release_pending();
         for (inflight, worker) in &self.inflight {
             inflight.release(worker);
         }

@@ -256,6 +256,7 @@ pub(crate) fn relay_body(
                         None => {
                             tracing::debug!(target: SPAN_EVENTS, parent: &st.guard.span, "first byte");
                             st.guard.kv_charges.iter_mut().for_each(KvCharge::prefilled);
+                            st.guard.first_byte();
                             // A JSON answer's first byte comes with its last token.
                             if st.sse {
                                 st.guard.metrics.observe_ttft(

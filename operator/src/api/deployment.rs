@@ -645,6 +645,12 @@ pub struct GatewaySpec {
     /// (and for the route, Gateway API's). Unset: none of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inference_pool: Option<super::inference_pool::InferencePoolSpec>,
+    /// Flow control: requests wait in the gateways, by class (`x-infera-priority`) and
+    /// TTFT deadline, until a worker can start them soon, instead of queuing inside the
+    /// engines; those that cannot meet their deadline get 429 with `Retry-After`. On by
+    /// default.
+    #[serde(default)]
+    pub flow_control: super::flow_control::FlowControlSpec,
 }
 
 /// The gateway's certificate.
@@ -677,6 +683,7 @@ impl Default for GatewaySpec {
             scheduling: SchedulingSpec::default(),
             pod_template: None,
             inference_pool: None,
+            flow_control: Default::default(),
         }
     }
 }

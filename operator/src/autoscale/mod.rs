@@ -224,6 +224,7 @@ impl Autoscaler {
             .map(|&(role, n)| {
                 let seats = memory.seats.get(&role).copied();
                 let mut s = role_signals(role, n, &engines, &status.roles, seats);
+                add_gateway_queue(&mut s, memory.gateways.values());
                 if s.ready < s.current {
                     memory.unsettled.insert(role, Instant::now());
                 }
@@ -585,6 +586,15 @@ fn learn_seats(
     }
 }
 
+/// Requests flow control holds in the gateways for the role count as waiting: they
+/// left no engine's queue to be counted in.
+fn add_gateway_queue<'g>(s: &mut RoleSignals, gateways: impl Iterator<Item = &'g GatewayLatency>) {
+    let held: f64 = gateways.filter_map(|g| g.queued.get(s.role.as_str())).sum();
+    if held > 0.0 {
+        s.waiting = Some(s.waiting.unwrap_or(0.0) + held);
+    }
+}
+
 fn role_signals(
     role: Role,
     current: u32,
@@ -731,7 +741,6 @@ async fn write_status(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
 
     fn decision(role: Role, current: u32, desired: u32) -> RoleDecision {
         RoleDecision {
@@ -789,7 +798,7 @@ mod tests {
             ttft: vec![(0.5, n), (f64::INFINITY, n)],
             itl: Vec::new(),
             requests: vec![(f64::INFINITY, answered)],
-            prefill: BTreeMap::new(),
+            ..GatewayLatency::default()
         };
         let before = HashMap::from([("a".to_owned(), g(10.0, 10.0))]);
         // 4 streamed first tokens in (0, 0.5]: p90 at 0.45; b only sets its baseline.
@@ -847,6 +856,26 @@ mod tests {
         )];
         let p90 = interval_latency(&now, &before).prefill_p90.unwrap();
         assert!((p90 - (0.1 + 0.9 * 0.8)).abs() < 1e-9, "{p90}");
+    }
+
+    #[test]
+    fn requests_held_in_the_gateways_count_as_the_roles_waiting() {
+        let held = |role: &str, n: f64| GatewayLatency {
+            queued: [(role.to_owned(), n)].into_iter().collect(),
+            ..GatewayLatency::default()
+        };
+        let gateways = [
+            held("decode", 3.0),
+            held("decode", 2.0),
+            held("prefill", 7.0),
+        ];
+        let mut s = role_signals(Role::Decode, 1, &[(Role::Decode, None)], &[], None);
+        assert_eq!(s.waiting, None);
+        add_gateway_queue(&mut s, gateways.iter());
+        assert_eq!(s.waiting, Some(5.0));
+        let mut mixed = role_signals(Role::Mixed, 1, &[], &[], None);
+        add_gateway_queue(&mut mixed, gateways.iter());
+        assert_eq!(mixed.waiting, None, "no mixed requests held");
     }
 
     #[test]

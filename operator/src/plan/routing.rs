@@ -47,6 +47,8 @@ pub struct GatewayRouting {
     pub default_retention: Option<String>,
     /// Moves of a live generation to another worker (`--migration-limit`).
     pub migration_limit: u32,
+    /// Flow control's flags (none when it is off).
+    pub flow: Vec<String>,
 }
 
 impl GatewayRouting {
@@ -76,6 +78,7 @@ impl GatewayRouting {
             tokenizer,
             default_retention,
             migration_limit: g.migration_limit,
+            flow: g.flow_control.gateway_flags(),
         }
     }
 }

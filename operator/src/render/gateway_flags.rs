@@ -89,6 +89,7 @@ pub fn build_gateway_args(routing: &GatewayRouting, site: &GatewaySite) -> Vec<S
             routing.migration_limit.to_string(),
         ]);
     }
+    args.extend(routing.flow.iter().cloned());
     args.extend(site.access.iter().cloned());
     args
 }
