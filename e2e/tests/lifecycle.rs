@@ -485,6 +485,113 @@ async fn faults_under_load_lose_at_most_what_was_in_flight() {
     assert!(foreign.is_empty(), "{foreign:?}");
 }
 
+/// The one decode worker of a 2P1D deployment killed without warning, under the steady
+/// load: with flow control (on by default), requests that arrive before the replacement
+/// is Ready wait for it, and streams the loss cut wait to continue on it, so none fails
+/// while the replacement starts within the deadline.
+#[tokio::test]
+async fn the_one_decode_pod_of_a_2p1d_killed_fails_no_request() {
+    let cluster = Cluster::connect().await.unwrap();
+    let ns = cluster.namespace("e2e-nodecode").await.unwrap();
+    let ns = ns.name.clone();
+    let manifest = "apiVersion: infera.amd.com/v1alpha1
+kind: PDTopology
+metadata: {name: nodecode-2p1d}
+spec: {layout: 2P1D, transport: {backend: mooncake}}
+---
+apiVersion: infera.amd.com/v1alpha1
+kind: InferaDeployment
+metadata: {name: nodecode}
+spec:
+  replicas: 1
+  model: {name: nodecode-model, source: {hostPath: {path: /models/none}}}
+  engine: {kind: sim, args: [--speedup, '4']}
+  serving: {mode: disaggregated, topologyRef: nodecode-2p1d}
+  gateway:
+    resources: {requests: {cpu: 50m, memory: 64Mi}}
+    flowControl: {ttftDeadlineMs: 60000}
+";
+    cluster.apply(&ns, manifest).await.unwrap();
+    cluster.wait_ready(&ns, "nodecode").await.unwrap();
+    let gateway = cluster
+        .gateway_on_node_port(&ns, "nodecode", 3)
+        .await
+        .unwrap();
+    let decode = |pods: &[Value]| {
+        pods.iter()
+            .find(|p| p["metadata"]["labels"]["infera.amd.com/role"] == "decode")
+            .map(|p| {
+                (
+                    p["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                    p["metadata"]["uid"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+    };
+    let pods = cluster.engine_pods(&ns, "nodecode").await.unwrap();
+    let (pod, uid) = decode(&pods).expect("a decode pod");
+    let load = Load::start(&gateway, "nodecode-model", CLIENTS, 8);
+    settle(3).await;
+    let started = Instant::now();
+    cluster
+        .kubectl(&[
+            "delete",
+            "pod",
+            &pod,
+            "-n",
+            &ns,
+            "--wait=false",
+            "--grace-period=0",
+            "--force",
+        ])
+        .await
+        .unwrap();
+    eventually(
+        &cluster,
+        &ns,
+        "a new decode pod routed",
+        ROLLOUT,
+        || async {
+            let pods = cluster
+                .engine_pods(&ns, "nodecode")
+                .await
+                .map_err(|e| e.to_string())?;
+            let active = gateway.active_workers().await.map_err(|e| e.to_string())?;
+            let replaced = pods.iter().any(|p| {
+                p["metadata"]["labels"]["infera.amd.com/role"] == "decode"
+                    && p["metadata"]["uid"] != uid.as_str()
+                    && p["status"]["podIP"]
+                        .as_str()
+                        .is_some_and(|ip| active.iter().any(|a| a.starts_with(&format!("{ip}:"))))
+            });
+            if replaced && active.len() == 3 {
+                Ok(())
+            } else {
+                Err(format!("active {active:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let took = started.elapsed();
+    settle(2).await;
+    let report = load.stop().await;
+    let slowest = report.slowest;
+    let report = show(
+        "decode killed",
+        report,
+        &format!("new decode routed in {took:.1?}, slowest request {slowest:.1?}"),
+    );
+    assert!(report.ok > 0);
+    assert!(
+        report.failed.is_empty(),
+        "decode killed: {:?}",
+        report.failed
+    );
+}
+
 #[tokio::test]
 async fn deleting_a_deployment_collects_every_child() {
     let cluster = Cluster::connect().await.unwrap();

@@ -255,6 +255,45 @@ async fn a_model_with_no_worker_waits_for_one_then_gets_503() {
 }
 
 #[tokio::test]
+async fn a_request_no_worker_could_take_waits_for_one_that_can() {
+    // The only registered worker is gone (nothing listens on its port).
+    let gone: std::net::SocketAddr = format!(
+        "127.0.0.1:{}",
+        infera_testkit::process::free_port().unwrap()
+    )
+    .parse()
+    .unwrap();
+    let gw = embedded(
+        vec![record_for(gone, EngineKind::Vllm)],
+        &["--flow-control=true"],
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let url = gw_url(&gw, "/v1/chat/completions");
+    let waiting = {
+        let (http, url) = (http.clone(), url.clone());
+        tokio::spawn(async move {
+            send(
+                &http,
+                &url,
+                &[("x-infera-ttft-deadline-ms", "8000")],
+                "hello",
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "it waits instead of failing");
+    let w = one_seat_worker().await;
+    gw.gateway
+        .registry
+        .upsert(record_for(w.addr, EngineKind::Vllm));
+    let (status, _, _, body) = waiting.await.unwrap();
+    assert_eq!(status, 200, "served by the worker that came: {body}");
+    assert_eq!(common::served(&w), 1);
+}
+
+#[tokio::test]
 async fn bodies_past_the_budget_are_refused_as_they_arrive() {
     let w = one_seat_worker().await;
     let flags = ["--flow-control=true", "--flow-body-bytes", "1000000"];

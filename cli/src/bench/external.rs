@@ -14,13 +14,31 @@ pub struct External {
     pub base: String,
 }
 
-/// The argv of `template` with `{port}`, `{metrics_port}` (a second free port) and
-/// `{workers}` (one argument per URL) filled.
-pub fn build_argv(template: &str, port: u16, metrics_port: u16, workers: &[String]) -> Vec<String> {
+/// The placeholder for the workers' KV-event endpoints in a router command.
+pub const KV_EVENT_SOURCES: &str = "{kv_event_sources}";
+
+/// The argv of `template` with `{port}`, `{metrics_port}` (a second free port),
+/// `{workers}` (one argument per URL) and `{kv_event_sources}` (`--kv-event-source
+/// URL=ENDPOINT` per worker that publishes KV events, `events` in `workers`' order, as
+/// vLLM's router takes them) filled.
+pub fn build_argv(
+    template: &str,
+    port: u16,
+    metrics_port: u16,
+    workers: &[String],
+    events: &[Option<String>],
+) -> Vec<String> {
     let mut argv = Vec::new();
     for word in template.split_whitespace() {
         if word == "{workers}" {
             argv.extend(workers.iter().cloned());
+        } else if word == KV_EVENT_SOURCES {
+            for (worker, endpoint) in workers.iter().zip(events) {
+                if let Some(endpoint) = endpoint {
+                    argv.push("--kv-event-source".into());
+                    argv.push(format!("{worker}={endpoint}"));
+                }
+            }
         } else {
             argv.push(
                 word.replace("{port}", &port.to_string())
@@ -50,9 +68,15 @@ pub fn process_cpu(pid: u32) -> Duration {
 impl External {
     /// Starts `template` against `workers` and waits (up to a minute) until a
     /// completion for `model` succeeds through it.
-    pub async fn start(template: &str, workers: &[String], model: &str) -> Result<External> {
+    pub async fn start(
+        template: &str,
+        workers: &[String],
+        events: &[Option<String>],
+        model: &str,
+    ) -> Result<External> {
         let port = crate::up::local::free_port()?;
-        let argv = build_argv(template, port, crate::up::local::free_port()?, workers);
+        let metrics_port = crate::up::local::free_port()?;
+        let argv = build_argv(template, port, metrics_port, workers, events);
         Self::spawn(
             &argv,
             &format!("http://127.0.0.1:{port}"),
@@ -144,6 +168,7 @@ mod tests {
             9000,
             9001,
             &["http://a:1".into(), "http://b:2".into()],
+            &[],
         );
         assert_eq!(
             argv,
@@ -161,5 +186,29 @@ mod tests {
             ]
         );
         assert!(process_cpu(std::process::id()) < Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn kv_event_sources_pair_each_publishing_worker_with_its_endpoint() {
+        let argv = build_argv(
+            "vllm-router --worker-urls {workers} --policy kv_aware {kv_event_sources}",
+            1,
+            2,
+            &[
+                "http://a:1".into(),
+                "http://b:2".into(),
+                "http://c:3".into(),
+            ],
+            &[Some("tcp://a:5".into()), None, Some("tcp://c:7".into())],
+        );
+        assert_eq!(
+            argv[argv.len() - 4..],
+            [
+                "--kv-event-source",
+                "http://a:1=tcp://a:5",
+                "--kv-event-source",
+                "http://c:3=tcp://c:7"
+            ]
+        );
     }
 }

@@ -68,6 +68,8 @@ pub struct Fleet {
     pub gateways: Vec<RunningGateway>,
     /// The simulators' NATS request servers (a fleet over the request plane).
     planes: Vec<RequestServer>,
+    /// Each simulator's KV-event endpoint (when it publishes events).
+    pub events: Vec<Option<String>>,
     /// The kvds beside simulators: how to stop each, and the folder of their sockets.
     kvds: Vec<tokio::sync::oneshot::Sender<()>>,
     kvd_dir: Option<tempfile::TempDir>,
@@ -103,7 +105,10 @@ fn worker_config(spec: &SimSpec, index: usize) -> Result<WorkerConfig> {
             lower_tiers: Vec::new(),
         },
         timing: Timing::exact(spec.speedup),
-        event_format: None,
+        // vLLM's own layout (tagged maps), which every router reading events decodes.
+        event_format: spec
+            .kv_events
+            .then_some(infera_proto::kv_events::encode::KvEventFormat::VllmTaggedMap),
         kv_events: if spec.kv_events {
             Some(KvEventsEndpoint {
                 endpoint: format!("tcp://127.0.0.1:{}", free_port()?),
@@ -156,6 +161,7 @@ impl Fleet {
         let mut records = Vec::new();
         let mut planes = Vec::new();
         let mut kvds = Vec::new();
+        let mut endpoints = Vec::new();
         let kvd_dir = if sims.iter().any(|s| s.kvd) {
             Some(tempfile::tempdir().context("a folder for kvd sockets")?)
         } else {
@@ -191,6 +197,7 @@ impl Fleet {
                 declared = Some(tiers);
             }
             let events = cfg.kv_events.as_ref().map(|e| e.endpoint.clone());
+            endpoints.push(events.clone());
             let role = cfg.pd.clone();
             let (codec, generator) = (codec.clone(), generator.clone());
             let worker = sim_rt
@@ -261,6 +268,7 @@ impl Fleet {
             sims: running,
             gateways: gws,
             planes,
+            events: endpoints,
             kvds,
             kvd_dir,
         })
@@ -292,6 +300,7 @@ impl Fleet {
             sims: Vec::new(),
             gateways: vec![gw],
             planes: Vec::new(),
+            events: Vec::new(),
             kvds: Vec::new(),
             kvd_dir: None,
         })

@@ -63,6 +63,22 @@ pub struct Step {
     pub evictions: u64,
 }
 
+/// The failed requests' errors, the most frequent first (at most 5 kinds, each with
+/// its count), so a run says why requests failed.
+pub fn error_kinds(outcomes: &[Outcome]) -> Vec<Value> {
+    let mut counts: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    for e in outcomes.iter().filter_map(|o| o.error.as_deref()) {
+        *counts.entry(e).or_default() += 1;
+    }
+    let mut kinds: Vec<(&str, usize)> = counts.into_iter().collect();
+    kinds.sort_by_key(|k| std::cmp::Reverse(k.1));
+    kinds
+        .into_iter()
+        .take(5)
+        .map(|(error, n)| json!({"error": error, "count": n}))
+        .collect()
+}
+
 /// The policy suffix that puts a kvd beside each simulator (`kv-aware+kvd`).
 pub const KVD_SUFFIX: &str = "+kvd";
 
@@ -101,7 +117,14 @@ where
         Some(base) => (base, true),
         None => (policy, false),
     };
-    let (flags, gateways, kv_events) = fleet_setup(policy)?;
+    let (flags, gateways, mut kv_events) = fleet_setup(policy)?;
+    // A peer router reading KV events gets a fleet that publishes them.
+    if let Some(name) = policy.strip_prefix(super::under_test::EXTERNAL) {
+        kv_events |= ctx
+            .peers
+            .iter()
+            .any(|p| p.name == name && p.reads_kv_events());
+    }
     let sims: Vec<SimSpec> = sims
         .iter()
         .map(|s| SimSpec {
@@ -195,6 +218,7 @@ pub fn row(
         "rate": rate,
         "requests": outcomes.len(),
         "errors": outcomes.len() - ok.len(),
+        "error_kinds": error_kinds(outcomes),
         "ttft_s": summary(&ttft, speedup),
         "itl_s": summary(&itl, speedup),
         "output_tok_per_s": output as f64 / (wall * speedup),

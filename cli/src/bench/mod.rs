@@ -196,10 +196,40 @@ fn weighted(policy: &str) -> Option<(bool, f64)> {
 /// Gateway flags, gateway count and whether simulators publish KV events, for a
 /// policy name: `random`, `round-robin`, `kv-aware`, `kv-aware-w<N>` (weight N),
 /// `kv-aware-approximate` (events ignored), `kv-aware-approximate-w<N>`,
-/// `kv-aware-2-replicas`. Any of them with `+kvd` (S2, S3, S8): each simulator with a
-/// kvd beside it.
+/// `kv-aware-2-replicas`. Any of them with modifiers after `+`: `flow<MS>`, flow control
+/// on with a TTFT deadline of MS milliseconds of real time; `r<N>`, N gateway replicas
+/// (the driver spreads requests over them); and last `kvd` (S2, S3, S8, handled by the
+/// fleet): each simulator with a kvd beside it.
 pub fn policy_flags(policy: &str) -> Result<(Vec<String>, usize, bool)> {
     let mut flags: Vec<String> = vec!["--shutdown-grace-s".into(), "1".into()];
+    let mut parts = policy.split('+');
+    let base = parts.next().unwrap_or_default();
+    let mut replicas = None;
+    for modifier in parts {
+        let number = |prefix: &str| {
+            modifier
+                .strip_prefix(prefix)
+                .and_then(|n| n.parse::<u64>().ok())
+                .filter(|n| *n > 0)
+        };
+        if let Some(ms) = number("flow") {
+            flags.extend([
+                "--flow-control".into(),
+                "true".into(),
+                "--flow-ttft-deadline-ms".into(),
+                ms.to_string(),
+            ]);
+        } else if let Some(n) = number("r") {
+            replicas = Some(n as usize);
+        } else if modifier != "kvd" {
+            bail!("{policy}: unknown modifier +{modifier} (+flow<MS>, +r<N>, +kvd)");
+        }
+    }
+    let (flags, gateways, events) = base_policy_flags(base, flags)?;
+    Ok((flags, replicas.unwrap_or(gateways), events))
+}
+
+fn base_policy_flags(policy: &str, mut flags: Vec<String>) -> Result<(Vec<String>, usize, bool)> {
     let mut gateways = 1;
     let mut events = false;
     match policy {

@@ -25,6 +25,12 @@ pub struct PeerRouter {
 }
 
 impl PeerRouter {
+    /// Whether its command reads the workers' KV events (`{kv_event_sources}`): the
+    /// fleet then publishes them.
+    pub fn reads_kv_events(&self) -> bool {
+        self.command.contains(super::external::KV_EVENT_SOURCES)
+    }
+
     /// Parses `NAME=COMMAND` (a name is letters, digits, `-`, `_` and `.` before the
     /// first `=`, which must come before any space) or a bare command.
     pub fn parse(arg: &str) -> PeerRouter {
@@ -177,7 +183,7 @@ impl UnderTest {
             Some(p) => p.wrap(&peer.command),
             None => peer.command.clone(),
         };
-        let external = External::start(&command, &fleet.sim_urls(""), MODEL).await?;
+        let external = External::start(&command, &fleet.sim_urls(""), &fleet.events, MODEL).await?;
         Ok(UnderTest {
             cpu0: external.cpu(),
             urls: vec![format!("{}{path}", external.base)],
@@ -261,6 +267,14 @@ mod tests {
         assert!(!flags.iter().any(|f| f == "--kv-approximate"));
         assert_eq!(fleet_setup("external:smg").unwrap(), (Vec::new(), 0, false));
         assert!(fleet_setup("kv-aware-wx").is_err());
+        let (flags, _, events) = fleet_setup("kv-aware-w4+flow4000").unwrap();
+        let joined = flags.join(" ");
+        assert!(events && joined.contains("--flow-control true --flow-ttft-deadline-ms 4000"));
+        assert!(joined.contains("--kv-overlap-weight 4"), "{joined}");
+        assert!(fleet_setup("kv-aware-w4+flow").is_err());
+        let (_, gateways, _) = fleet_setup("kv-aware-w4+flow4000+r3").unwrap();
+        assert_eq!(gateways, 3);
+        assert!(fleet_setup("kv-aware-w4+turbo").is_err());
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub(crate) fn counts_of(text: &str, at: Instant) -> Option<EngineCounts> {
         waiting: load.waiting?.max(0.0) as u64,
         running: load.running.unwrap_or(0.0).max(0.0) as u64,
         at,
+        ours: 0,
     })
 }
 
@@ -56,8 +57,9 @@ pub(crate) async fn run_engine_reads(
         let reads = snapshot.workers.values().map(|r| {
             let (client, inflight) = (&client, &inflight);
             async move {
+                let ours = inflight.load(&r.worker_id).pending;
                 let counts = read(client, &r.url, interval).await;
-                inflight.set_engine(&r.worker_id, counts);
+                inflight.set_engine(&r.worker_id, counts, ours);
             }
         });
         join_all(reads).await;
@@ -77,7 +79,8 @@ mod tests {
             Some(EngineCounts {
                 waiting: 5,
                 running: 7,
-                at
+                at,
+                ours: 0
             })
         );
         let sglang = "sglang:num_queue_reqs{model_name=\"m\"} 1\nsglang:num_running_reqs{model_name=\"m\"} 4\n";
@@ -86,7 +89,8 @@ mod tests {
             Some(EngineCounts {
                 waiting: 1,
                 running: 4,
-                at
+                at,
+                ours: 0
             })
         );
         assert_eq!(counts_of("# a sidecar's own metrics only\n", at), None);

@@ -54,23 +54,27 @@ struct GateState {
 }
 
 /// Seconds between requests leaving a model's queue (a moving average), measured only
-/// while others waited, so it is the pace room frees up, not the pace of arrivals.
+/// over stretches when requests waited the whole time: the pace room frees up, not the
+/// pace of arrivals nor an idle gap.
 #[derive(Debug, Default, Clone, Copy)]
 struct Pace {
+    /// The last send after which requests were still waiting.
     last: Option<Instant>,
     interval: Option<f64>,
 }
 
 impl Pace {
-    fn sent(&mut self, now: Instant, others_waited: bool) {
-        if others_waited && let Some(last) = self.last {
+    /// A request left the queue (or went at once) at `now`; `backlog` when others still
+    /// wait after it.
+    fn sent(&mut self, now: Instant, backlog: bool) {
+        if let Some(last) = self.last {
             let dt = now.saturating_duration_since(last).as_secs_f64();
             self.interval = Some(match self.interval {
                 Some(i) => i + PACE_ALPHA * (dt - i),
                 None => dt,
             });
         }
-        self.last = Some(now);
+        self.last = backlog.then_some(now);
     }
 }
 
@@ -248,6 +252,11 @@ pub(crate) struct Ticket<'f> {
 }
 
 impl Ticket<'_> {
+    /// Whether its deadline has passed.
+    pub(crate) fn past_deadline(&self) -> bool {
+        Instant::now() >= self.deadline
+    }
+
     /// The request found room: it goes if no request of its model waits ahead of it.
     pub(crate) fn may_go(&mut self) -> bool {
         let flow = self.flow;
@@ -257,12 +266,12 @@ impl Ticket<'_> {
             return false;
         }
         let now = Instant::now();
-        let others_waited = state.queue.waiters(&self.model).count() > usize::from(self.queued);
+        let backlog = state.queue.waiters(&self.model).count() > usize::from(self.queued);
         state
             .pace
             .entry(self.model.clone())
             .or_default()
-            .sent(now, self.queued || others_waited);
+            .sent(now, backlog);
         if self.queued {
             self.leave(&mut state);
             flow.metrics.record_flow_wait(
@@ -431,5 +440,30 @@ pub(crate) async fn run_wakeups(
             changed = changes.changed() => if changed.is_err() { return },
             _ = stop.changed() => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pace_counts_only_stretches_with_requests_waiting() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut p = Pace::default();
+        // Sends with nobody left waiting: no pace, however far apart.
+        p.sent(at(0), false);
+        p.sent(at(5_000), false);
+        assert_eq!(p.interval, None);
+        // A backlog drains one every 100 ms.
+        p.sent(at(5_100), true);
+        p.sent(at(5_200), true);
+        p.sent(at(5_300), false);
+        let i = p.interval.unwrap();
+        assert!((i - 0.1).abs() < 1e-9, "{i}");
+        // An idle minute later: not counted.
+        p.sent(at(65_300), true);
+        assert!((p.interval.unwrap() - 0.1).abs() < 1e-9);
     }
 }

@@ -1,6 +1,7 @@
 //! Whether a worker can start a request soon (pure): its requests waiting for a first
-//! byte (this gateway's, or the engine's own queue when it was read recently, the
-//! larger) under `--flow-max-waiting-per-worker`, and its requests in flight under
+//! byte under `--flow-max-waiting-per-worker` (this gateway's, counted live, plus what
+//! the engine's own queue held beyond them when it was last read: other clients', such
+//! as the other gateway replicas), and its requests in flight under
 //! `--flow-seats-per-worker`. A plan keeps only the workers with room; a plan left
 //! without a worker of a role it needs waits.
 
@@ -21,23 +22,24 @@ pub(crate) struct Limits {
     pub engine_fresh: Duration,
 }
 
-/// The engine's counts when they are recent enough to use.
+/// The engine's counts when they are recent enough to use: others' waiting requests
+/// (its queue beyond this gateway's when read), and all it held (running and waiting).
 fn engine(load: &WorkerLoad, limits: &Limits, now: Instant) -> Option<(u64, u64)> {
     load.engine
         .filter(|e| now.saturating_duration_since(e.at) <= limits.engine_fresh)
-        .map(|e| (e.waiting, e.running))
+        .map(|e| (e.waiting.saturating_sub(e.ours), e.waiting + e.running))
 }
 
 /// Requests waiting on the worker for their first byte.
 pub(crate) fn waiting(load: &WorkerLoad, limits: &Limits, now: Instant) -> u64 {
-    let reported = engine(load, limits, now).map_or(0, |(w, _)| w);
-    load.pending.max(reported)
+    let others = engine(load, limits, now).map_or(0, |(w, _)| w);
+    load.pending + others
 }
 
 /// Whether the worker can start one more request soon.
 pub(crate) fn has_room(load: &WorkerLoad, limits: &Limits, now: Instant) -> bool {
     let waiting_ok = limits.max_waiting == 0 || waiting(load, limits, now) < limits.max_waiting;
-    let held = engine(load, limits, now).map_or(0, |(w, r)| w + r);
+    let held = engine(load, limits, now).map_or(0, |(_, held)| held);
     let seats_ok = limits.seats == 0 || load.inflight.max(held) < limits.seats;
     waiting_ok && seats_ok
 }
@@ -80,17 +82,19 @@ mod tests {
         WorkerLoad {
             inflight,
             pending,
+            // Read when this gateway had `pending` waiting there too.
             engine: engine.map(|(waiting, running, age_ms)| EngineCounts {
                 waiting,
                 running,
                 at: now - Duration::from_millis(age_ms),
+                ours: pending.min(waiting),
             }),
             first_byte_s: None,
         }
     }
 
     #[test]
-    fn room_counts_the_larger_of_our_waiting_and_the_engines_while_fresh() {
+    fn room_counts_our_waiting_plus_others_in_the_engines_queue_while_fresh() {
         let now = Instant::now();
         let table = [
             // (in flight, pending, engine (waiting, running, age ms)) -> room
@@ -99,6 +103,8 @@ mod tests {
             ((4, 4, None), false),
             // Another replica's requests queue in the engine: no room.
             ((1, 1, Some((4, 2, 100))), false),
+            // Only ours queue there: not counted twice.
+            ((3, 3, Some((3, 1, 100))), true),
             // The same report, stale: our own counts decide.
             ((1, 1, Some((4, 2, 5_000))), true),
             // Seats: the engine runs 9 and queues 1 of every client's.

@@ -4,7 +4,7 @@
 //! migration context that resends a moved generation's continuation.
 
 use crate::config::RouterMode;
-use crate::flow::class::asked;
+use crate::flow::class::{Asked, Priority, asked};
 use crate::flow::gate::{FlowControl, Why};
 use crate::flow::room::with_room;
 use crate::http::Shared;
@@ -12,7 +12,7 @@ use crate::http::errors::{request_id, with_request_id};
 use crate::metrics::Outcome;
 use crate::request::validate::ApiKind;
 use crate::route::plan::{PREFILL_PIN_HEADER, Pins, Plan, RouteError, WORKER_PIN_HEADER, plan};
-use crate::route::select::RoutingInput;
+use crate::route::select::{RequestRouting, RoutingInput};
 use crate::send::forward::{forward, send_planned};
 use crate::send::guard::{Forwarded, RequestGuard, Sent};
 use crate::send::migration::{Continuation, MigrationState};
@@ -28,7 +28,7 @@ use infera_proto::retention::{Retention, parse_retention_hint};
 use infera_telemetry::logging::spans_exported;
 use infera_telemetry::propagation::TraceContext;
 use serde_json::{Map, Value};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub(crate) fn default_model(gw: &Gateway) -> Option<String> {
     let snap = gw.registry.snapshot();
@@ -158,24 +158,61 @@ pub(crate) fn build_migration(
     }
 }
 
-/// Sends a moved generation's continuation to a worker it has not failed on.
+/// Sends a moved generation's continuation to a worker it has not failed on. With flow
+/// control, a continuation that finds no such worker (the only one of its role died)
+/// waits for one, first in its model's queue, up to the default deadline.
 async fn resend(
     ctx: &ResumeContext,
     continuation: Continuation,
     failed: &[String],
     guard: &mut RequestGuard,
 ) -> Result<Sent, ApiError> {
-    let snapshot = ctx.gw.registry.snapshot();
-    let planned = plan(&snapshot, &ctx.model, Pins::default()).map_err(|e| e.to_api_error())?;
-    let plan = planned.without(failed).ok_or_else(|| {
-        ApiError::new(
-            ErrorClass::ServiceUnavailable,
-            format!(
-                "no other worker serves {} to continue the stream",
-                ctx.model
-            ),
-        )
-    })?;
+    let flow = ctx.gw.flow.as_deref();
+    let mut ticket = flow.map(|f| {
+        let asked = Asked {
+            class: Priority::Critical,
+            deadline: None,
+        };
+        f.ticket(&ctx.model, asked, ctx.body_bytes, Instant::now())
+    });
+    loop {
+        let snapshot = ctx.gw.registry.snapshot();
+        let (plan, role) = match plan(&snapshot, &ctx.model, Pins::default()) {
+            Ok(planned) => {
+                let role = role_without_room(&planned, |_| true);
+                (planned.without(failed), role)
+            }
+            Err(e) => (None, waits_for(&e).unwrap_or("mixed")),
+        };
+        let Some(plan) = plan else {
+            let error = ApiError::new(
+                ErrorClass::ServiceUnavailable,
+                format!(
+                    "no other worker serves {} to continue the stream",
+                    ctx.model
+                ),
+            );
+            match ticket.as_mut() {
+                Some(t) => {
+                    drop(snapshot);
+                    t.wait(&Why::NoWorker { role, error }).await?;
+                    continue;
+                }
+                None => return Err(error),
+            }
+        };
+        drop(ticket.take());
+        return send_continuation(ctx, &plan, continuation, guard).await;
+    }
+}
+
+/// Sends a continuation within `plan`.
+async fn send_continuation(
+    ctx: &ResumeContext,
+    plan: &Plan<'_>,
+    continuation: Continuation,
+    guard: &mut RequestGuard,
+) -> Result<Sent, ApiError> {
     let body = &continuation.body;
     let routing = ctx.gw.routing.for_request(
         RoutingInput {
@@ -196,7 +233,7 @@ async fn resend(
         stream: true,
         migratable: continuation.movable,
     };
-    send_planned(&ctx.gw.upstream, &plan, &routing, &request, guard).await
+    send_planned(&ctx.gw.upstream, plan, &routing, &request, guard).await
 }
 
 /// The worker's answer relayed as it arrives, with its status and content type.
@@ -259,20 +296,19 @@ pub(crate) async fn route_and_forward(
     send_plan(gw, &plan, hint, request, started).await
 }
 
-/// Routes within `plan` and sends.
-async fn send_plan(
-    gw: &Gateway,
+/// The request's routing within `plan` (kv-aware: its prompt hashed once).
+fn routing_for<'g>(
+    gw: &'g Gateway,
     plan: &Plan<'_>,
     hint: Option<Retention>,
     request: &Outbound<'_>,
-    started: Instant,
-) -> Result<Forwarded, ApiError> {
+) -> RequestRouting<'g> {
     let route = if spans_exported() {
         tracing::info_span!("route")
     } else {
         tracing::Span::none()
     };
-    let routing = route.in_scope(|| {
+    route.in_scope(|| {
         gw.routing.for_request(
             RoutingInput {
                 kind: request.kind,
@@ -282,7 +318,18 @@ async fn send_plan(
             },
             plan.targets(),
         )
-    });
+    })
+}
+
+/// Routes within `plan` and sends.
+async fn send_plan(
+    gw: &Gateway,
+    plan: &Plan<'_>,
+    hint: Option<Retention>,
+    request: &Outbound<'_>,
+    started: Instant,
+) -> Result<Forwarded, ApiError> {
+    let routing = routing_for(gw, plan, hint, request);
     forward(&gw.upstream, plan, &routing, request, started).await
 }
 
@@ -295,6 +342,58 @@ fn waits_for(e: &RouteError) -> Option<&'static str> {
         RouteError::MissingPool { missing, .. } => Some(missing),
         _ => None,
     }
+}
+
+/// Where the request can start soon, or `None` while it must wait. Round-robin and
+/// random: the plan's workers with room. kv-aware: the worker the selector chooses
+/// (its cached prefix weighed against its load) must itself have room, and the plan
+/// goes whole, so the send chooses it again: sending elsewhere would trade a cache hit
+/// for a recompute, and under load turn every hot prefix into misses. (A prefill/decode
+/// plan: the chosen prefill worker, and any decode worker with room.)
+fn startable<'s>(
+    gw: &Gateway,
+    plan: &Plan<'s>,
+    routing: &RequestRouting<'_>,
+    room: impl Fn(&Target) -> bool + Copy,
+) -> Option<Plan<'s>> {
+    if !gw.routing.is_kv_aware() {
+        return with_room(plan, room);
+    }
+    let now = Instant::now();
+    let chosen_has_room = |role: &'static str, pool: &[Target]| {
+        let options: Vec<&Target> = pool
+            .iter()
+            .filter(|t| gw.breakers.is_available(&t.record.worker_id, now))
+            .collect();
+        routing
+            .selector(role)
+            .choose(&options)
+            .is_some_and(|i| room(options[i]))
+    };
+    let ok = match plan {
+        Plan::Mixed(c) => chosen_has_room("mixed", c),
+        Plan::Disagg(p, d) => chosen_has_room("prefill", p) && d.iter().any(room),
+    };
+    ok.then(|| plan.clone())
+}
+
+/// The pool a plan waits for: a mixed plan's, else prefill when no prefill worker has
+/// room, else decode.
+fn role_without_room(plan: &Plan<'_>, room: impl Fn(&Target) -> bool) -> &'static str {
+    match plan {
+        Plan::Mixed(_) => "mixed",
+        Plan::Disagg(p, _) if !p.iter().any(room) => "prefill",
+        Plan::Disagg(..) => "decode",
+    }
+}
+
+/// Whether an error from sending means no worker took the request: every one tried was
+/// unreachable, broken or gone (not a timeout, where the request may be running).
+fn unserved(e: &ApiError) -> bool {
+    matches!(
+        e.class,
+        ErrorClass::ServiceUnavailable | ErrorClass::BadGateway
+    )
 }
 
 /// Flow control's passage: the request goes once its plan has a worker with room and
@@ -323,17 +422,29 @@ async fn through_gate(
                     let worker = &t.record.worker_id;
                     flow.has_room(worker) && gw.breakers.is_available(worker, now)
                 };
-                match with_room(&plan, room) {
+                let routing = routing_for(gw, &plan, hint, request);
+                match startable(gw, &plan, &routing, room) {
                     Some(roomy) if ticket.may_go() => {
-                        drop(ticket);
-                        return send_plan(gw, &roomy, hint, request, started).await;
+                        match forward(&gw.upstream, &roomy, &routing, request, started).await {
+                            // No worker took it (each one failed before answering): it
+                            // waits for the pool to change, as long as its deadline
+                            // allows, instead of failing.
+                            Err(e) if unserved(&e) && !ticket.past_deadline() => {
+                                tracing::debug!(
+                                    model,
+                                    "no worker took the request ({}); waiting",
+                                    e.message
+                                );
+                                Why::Full {
+                                    role: role_without_room(&plan, room),
+                                    first_byte: Duration::ZERO,
+                                }
+                            }
+                            sent => return sent,
+                        }
                     }
                     _ => Why::Full {
-                        role: match &plan {
-                            Plan::Mixed(_) => "mixed",
-                            Plan::Disagg(p, _) if !p.iter().any(room) => "prefill",
-                            Plan::Disagg(..) => "decode",
-                        },
+                        role: role_without_room(&plan, room),
                         first_byte: flow
                             .first_byte(plan.targets().map(|t| t.record.worker_id.as_str())),
                     },

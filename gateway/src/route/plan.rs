@@ -144,7 +144,7 @@ pub(crate) struct Pins<'h> {
 }
 
 /// Where a request goes once direct mode's pins are applied.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Plan<'s> {
     /// One worker of these serves it whole.
     Mixed(Cow<'s, [Target]>),

@@ -106,6 +106,11 @@ impl Routing {
         }
     }
 
+    /// Whether it routes kv-aware (by cache hits weighed against load).
+    pub(crate) fn is_kv_aware(&self) -> bool {
+        self.kv.is_some()
+    }
+
     #[cfg(test)]
     /// The weights per role.
     pub(crate) fn weights(&self) -> OverlapWeights {

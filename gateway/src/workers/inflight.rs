@@ -18,6 +18,9 @@ pub(crate) struct EngineCounts {
     pub running: u64,
     /// When they were read.
     pub at: Instant,
+    /// This gateway's requests waiting for a first byte there when they were read
+    /// (set by [`Inflight::set_engine`]): the engine's queue beyond them is others'.
+    pub ours: u64,
 }
 
 /// One worker's load.
@@ -77,9 +80,17 @@ impl Inflight {
         self.freed.notify_waiters();
     }
 
-    /// Records what `worker`'s engine reported (`None`: it could not be read).
-    pub(crate) fn set_engine(&self, worker: &str, counts: Option<EngineCounts>) {
-        self.update(worker, |l| l.engine = counts);
+    /// Records what `worker`'s engine reported (`None`: it could not be read), read
+    /// while this gateway had `ours_before` requests waiting there when the read began:
+    /// the engine's count is of some moment during the read, so the larger of that and
+    /// the count now is taken as this gateway's share of it.
+    pub(crate) fn set_engine(&self, worker: &str, counts: Option<EngineCounts>, ours_before: u64) {
+        self.update(worker, |l| {
+            l.engine = counts.map(|c| EngineCounts {
+                ours: l.pending.max(ours_before),
+                ..c
+            });
+        });
         self.freed.notify_waiters();
     }
 
