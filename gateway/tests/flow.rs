@@ -60,6 +60,23 @@ async fn send(
     )
 }
 
+/// A request with a deadline of 8 s, sent in the background.
+fn spawn_waiting(
+    http: &reqwest::Client,
+    url: &str,
+) -> tokio::task::JoinHandle<(u16, reqwest::header::HeaderMap, Option<Instant>, String)> {
+    let (http, url) = (http.clone(), url.to_owned());
+    tokio::spawn(async move {
+        send(
+            &http,
+            &url,
+            &[("x-infera-ttft-deadline-ms", "8000")],
+            "hello",
+        )
+        .await
+    })
+}
+
 /// The largest queue the engine reported while `busy` held.
 fn watch_engine_queue(w: &RunningWorker, busy: Arc<AtomicBool>) -> Arc<AtomicUsize> {
     let most = Arc::new(AtomicUsize::new(0));
@@ -217,18 +234,7 @@ async fn a_model_with_no_worker_waits_for_one_then_gets_503() {
     let gw = embedded(Vec::new(), &["--flow-control=true"]).await;
     let http = reqwest::Client::new();
     let url = gw_url(&gw, "/v1/chat/completions");
-    let waiting = {
-        let (http, url) = (http.clone(), url.clone());
-        tokio::spawn(async move {
-            send(
-                &http,
-                &url,
-                &[("x-infera-ttft-deadline-ms", "8000")],
-                "hello",
-            )
-            .await
-        })
-    };
+    let waiting = spawn_waiting(&http, &url);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiting.is_finished(), "it waits for a worker");
     gw.gateway
@@ -270,18 +276,7 @@ async fn a_request_no_worker_could_take_waits_for_one_that_can() {
     .await;
     let http = reqwest::Client::new();
     let url = gw_url(&gw, "/v1/chat/completions");
-    let waiting = {
-        let (http, url) = (http.clone(), url.clone());
-        tokio::spawn(async move {
-            send(
-                &http,
-                &url,
-                &[("x-infera-ttft-deadline-ms", "8000")],
-                "hello",
-            )
-            .await
-        })
-    };
+    let waiting = spawn_waiting(&http, &url);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiting.is_finished(), "it waits instead of failing");
     let w = one_seat_worker().await;
