@@ -317,6 +317,7 @@ impl Ticket<'_> {
     pub(crate) async fn wait(&mut self, why: &Why) -> Result<(), ApiError> {
         let flow = self.flow;
         let now = Instant::now();
+        let was_queued = self.queued;
         let give_up_at = {
             let mut state = flow.lock();
             let role = match why {
@@ -403,6 +404,11 @@ impl Ticket<'_> {
                 }
             }
         };
+        // Just queued: room freed between the caller's look and now woke nobody (the
+        // request was not in the queue yet), so the caller looks again before sleeping.
+        if !was_queued {
+            return Ok(());
+        }
         tokio::select! {
             _ = self.notify.notified() => {}
             _ = tokio::time::sleep_until(give_up_at.into()) => {}
