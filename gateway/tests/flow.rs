@@ -9,6 +9,7 @@ mod common;
 
 use common::{chat, embedded, get_text, gw_url, record_for, start_sim_with};
 use futures::StreamExt;
+use infera_gateway::server::RunningGateway;
 use infera_proto::worker::EngineKind;
 use infera_sim::worker::RunningWorker;
 use std::sync::Arc;
@@ -22,6 +23,21 @@ async fn one_seat_worker() -> RunningWorker {
         c.default_max_tokens = 8;
     })
     .await
+}
+
+/// A one-seat worker behind a gateway letting one request wait on it, with a TTFT
+/// deadline of `deadline_ms`.
+async fn one_seat_gateway(deadline_ms: &str) -> (RunningWorker, RunningGateway) {
+    let w = one_seat_worker().await;
+    let flags = [
+        "--flow-control=true",
+        "--flow-max-waiting-per-worker",
+        "1",
+        "--flow-ttft-deadline-ms",
+        deadline_ms,
+    ];
+    let gw = embedded(vec![record_for(w.addr, EngineKind::Vllm)], &flags).await;
+    (w, gw)
 }
 
 fn stream_body(content: &str) -> serde_json::Value {
@@ -100,15 +116,7 @@ fn metric(text: &str, prefix: &str) -> f64 {
 
 #[tokio::test]
 async fn a_full_worker_holds_requests_in_the_gateway_and_sheds_those_past_their_deadline() {
-    let w = one_seat_worker().await;
-    let flags = [
-        "--flow-control=true",
-        "--flow-max-waiting-per-worker",
-        "1",
-        "--flow-ttft-deadline-ms",
-        "1500",
-    ];
-    let gw = embedded(vec![record_for(w.addr, EngineKind::Vllm)], &flags).await;
+    let (w, gw) = one_seat_gateway("1500").await;
     let http = reqwest::Client::new();
     let url = gw_url(&gw, "/v1/chat/completions");
     let busy = Arc::new(AtomicBool::new(true));
@@ -151,15 +159,7 @@ async fn a_full_worker_holds_requests_in_the_gateway_and_sheds_those_past_their_
 
 #[tokio::test]
 async fn higher_classes_go_first_and_batch_waits() {
-    let w = one_seat_worker().await;
-    let flags = [
-        "--flow-control=true",
-        "--flow-max-waiting-per-worker",
-        "1",
-        "--flow-ttft-deadline-ms",
-        "60000",
-    ];
-    let gw = embedded(vec![record_for(w.addr, EngineKind::Vllm)], &flags).await;
+    let (_w, gw) = one_seat_gateway("60000").await;
     let http = reqwest::Client::new();
     let url = gw_url(&gw, "/v1/chat/completions");
     // The worker's one seat and its one waiting place taken.
